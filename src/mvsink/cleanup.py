@@ -1,0 +1,69 @@
+"""Cleanup of staged files that no commit references: left by a crash between write and append.
+
+A replica that loses a race deletes its own staged files at once. A replica killed between staging
+and committing cannot, so its files stay in the table directory, invisible to readers (no commit
+adds them). This removes mvsink-staged files of the view that
+
+* no commit in the log adds (neither the current snapshot nor any retained commit), and
+* are older than a grace period, so that files another replica is staging right now are spared.
+
+Never a file that a commit references: the referenced set is read after listing the directory,
+so a file committed in between is seen as referenced.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from pyarrow.fs import FileSelector, FileType
+
+from mvsink import storage
+from mvsink.append import Shard
+from mvsink.write import STAGED_PREFIX
+
+log = logging.getLogger(__name__)
+
+
+def referenced_files(shard: Shard) -> set[str]:
+    """Every data file the log refers to: the snapshot's files and all retained adds/removes."""
+    table = shard.table()
+    files = set(table.get_add_actions(flatten=True).column("path").to_pylist())
+    fs, root = storage.filesystem(shard.target)
+    log_dir = storage.join(root, "_delta_log")
+    for info in fs.get_file_info(FileSelector(log_dir)):
+        if not info.base_name.endswith(".json") or info.type != FileType.File:
+            continue
+        with fs.open_input_stream(info.path) as f:
+            for line in f.read().decode().splitlines():
+                action = json.loads(line) if line.strip() else {}
+                for kind in ("add", "remove"):
+                    if kind in action:
+                        files.add(action[kind]["path"])
+    return files
+
+
+def clean_orphans(shard: Shard, grace_seconds: float) -> int:
+    """Delete this view's unreferenced staged files older than ``grace_seconds``; how many."""
+    fs, root = storage.filesystem(shard.target)
+    prefix = f"{STAGED_PREFIX}{shard.view_id}-"
+    try:
+        infos = fs.get_file_info(FileSelector(root))
+    except FileNotFoundError:
+        return 0
+    now = time.time()
+    candidates = [
+        i for i in infos
+        if i.type == FileType.File and i.base_name.startswith(prefix)
+        and i.mtime is not None and now - i.mtime.timestamp() > grace_seconds
+    ]
+    if not candidates:
+        return 0
+    referenced = referenced_files(shard)
+    orphans = [i for i in candidates if i.base_name not in referenced]
+    for info in orphans:
+        fs.delete_file(info.path)
+    if orphans:
+        log.info("deleted %d orphaned staged files of view %s", len(orphans), shard.view_id)
+    return len(orphans)

@@ -1,0 +1,59 @@
+"""The correction buffer: `desired - persisted`, consolidated, kept partitioned in Spark.
+
+It holds the updates a replica would have to commit for the target table to equal the view. In
+steady state it is nearly empty: desired updates enter it, and the same updates leave it when the
+commit that wrote them (this replica's or another's) is read back from the table. Drift of any
+kind (a lost race, a crash, a foreign write) shows up here as a non-empty difference and is
+written by the next batch.
+
+Invariants:
+
+* Every update has a time at or after :attr:`since` (the persist frontier last applied): times
+  before it are advanced to it, which keeps the contents at every time >= since unchanged.
+* Consolidated: no two updates with the same row and time, no zero diff.
+* Never on the driver: the contents live in Spark's block manager (a local checkpoint, which also
+  cuts the lineage each step); only counts reach the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import reduce
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import types as T
+
+from mvsink.updates import advance_times, consolidate
+
+log = logging.getLogger(__name__)
+
+#: Ask the JVM to collect garbage every this many steps, so that the ContextCleaner frees the
+#: blocks of checkpoints no longer referenced.
+_GC_EVERY = 50
+
+
+class CorrectionBuffer:
+    def __init__(self, spark: SparkSession, schema: T.StructType):
+        self.spark = spark
+        self.schema = schema
+        self.since = 0
+        self.updates: DataFrame = spark.createDataFrame([], schema)
+        self._steps = 0
+
+    def apply(self, changes: list[DataFrame], since: int) -> None:
+        """Fold ``changes`` (updates in the buffer's schema) in and advance times to ``since``."""
+        self.since = max(self.since, since)
+        frames = [self.updates] + [c.select(*self.schema.names) for c in changes]
+        merged = consolidate(advance_times(reduce(DataFrame.unionByName, frames), self.since))
+        self.updates = merged.localCheckpoint(eager=True)
+        self._steps += 1
+        if self._steps % _GC_EVERY == 0:
+            self.spark.sparkContext._jvm.System.gc()
+
+    def reset(self) -> None:
+        """Empty the buffer, for a rehydration from scratch."""
+        self.updates = self.spark.createDataFrame([], self.schema)
+        self.since = 0
+
+    def count(self) -> int:
+        return self.updates.count()

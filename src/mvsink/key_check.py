@@ -1,0 +1,81 @@
+"""Key violations: a key with more than one row at some time puts the view in error there.
+
+For a view with key columns, the error collection holds, for every time `t` and key `k` with
+`n > 1` rows in the view at `t`, one error update ``duplicate key {k}: n rows`` (its key columns
+set, other user columns null). It is a function of the desired contents, so it is recomputed only
+for the keys whose rows changed in a step, and only at the times where they changed.
+
+Desired contents are not kept separately: `desired = persisted + corrections` (that is what the
+correction buffer is), so the state of the touched keys is read from the table at the version the
+buffer was last reconciled with plus the buffer itself. The result is the correction that makes
+the buffer's error updates for those keys equal the recomputed error collection.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from mvsink.updates import DIFF, ERROR, TIME, advance_times, negate
+
+_POINT = "_mv_point"
+
+
+def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched: DataFrame,
+                          key: tuple[str, ...], since: int) -> DataFrame:
+    """Updates to add to ``corrections`` so its key-violation errors for ``touched`` keys are right.
+
+    ``persisted``: all updates in the table; ``corrections``: the buffer (times >= ``since``);
+    ``touched``: distinct key tuples whose rows changed.
+    """
+    columns = corrections.columns
+    user = [c for c in columns if c not in (ERROR, TIME, DIFF)]
+    keys = list(key)
+    desired = advance_times(persisted.unionByName(corrections), since).join(
+        F.broadcast(touched), on=keys, how="left_semi"
+    )
+    ok = desired.where(F.col(ERROR).isNull())
+    key_errors = desired.where(F.col(ERROR).isNotNull() & _all_not_null(keys))
+
+    # The times at which some touched key's rows change: the error state can only change there.
+    points = ok.select(*keys, F.col(TIME).alias(_POINT)).distinct()
+    rows_at = (
+        points.join(ok, on=keys)
+        .where(F.col(TIME) <= F.col(_POINT))
+        .groupBy(*keys, _POINT, *[c for c in user if c not in keys])
+        .agg(F.sum(DIFF).alias("n"))
+        .where(F.col("n") > 0)
+        .groupBy(*keys, _POINT)
+        .agg(F.sum("n").alias("n"))
+    )
+    state = points.join(rows_at, on=[*keys, _POINT], how="left").select(
+        *keys, _POINT,
+        F.when(F.col("n") > 1, F.concat(
+            F.lit("duplicate key "), F.to_json(F.struct(*keys)), F.lit(": "),
+            F.col("n").cast("string"), F.lit(" rows"),
+        )).alias(ERROR),
+    )
+    # State changes as updates: +message at a point, -previous message at the same point.
+    previous = F.lag(ERROR).over(Window.partitionBy(*keys).orderBy(_POINT))
+    changes = state.select(*keys, _POINT, F.col(ERROR).alias("now"), previous.alias("before"))
+    asserted = changes.where(F.col("now").isNotNull() & ~F.col("now").eqNullSafe(F.col("before")))
+    retracted = changes.where(F.col("before").isNotNull() & ~F.col("before").eqNullSafe(F.col("now")))
+    types = {f.name: f.dataType for f in corrections.schema.fields}
+    wanted = _error_updates(asserted, "now", 1, keys, types).unionByName(
+        _error_updates(retracted, "before", -1, keys, types)
+    )
+    return wanted.unionByName(negate(key_errors)).select(*columns)
+
+
+def _error_updates(frame: DataFrame, message: str, diff: int, keys: list[str], types: dict) -> DataFrame:
+    user = [c for c in types if c not in (ERROR, TIME, DIFF)]
+    cols = [F.col(c) if c in keys else F.lit(None).cast(types[c]).alias(c) for c in user]
+    return frame.select(*cols, F.col(message).alias(ERROR), F.col(_POINT).alias(TIME),
+                        F.lit(diff).cast("long").alias(DIFF))
+
+
+def _all_not_null(keys: list[str]):
+    condition = F.col(keys[0]).isNotNull()
+    for k in keys[1:]:
+        condition = condition & F.col(k).isNotNull()
+    return condition

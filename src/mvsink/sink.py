@@ -1,0 +1,240 @@
+"""A replica of one view: the mint -> write -> append loop over the correction buffer.
+
+Each :meth:`MaterializedView.step` (one trigger, e.g. one ``foreachBatch`` call) does:
+
+1. read back the commits made to the target since the last step (anyone's);
+2. read the input up to the source's latest version (the first step hydrates: the view's contents
+   at `max(as_of, upper - 1)`, and the whole table on the persisted side);
+3. fold both into the correction buffer (`desired - persisted`), times advanced to the persist
+   frontier; recompute key violations for the keys that changed;
+4. mint a description `[lower, upper)` if allowed (not read-only, desired ahead of the table, the
+   table advanced since the last description);
+5. write: stage the corrections below `upper` as Parquet files (none if there are none);
+6. append: compare-and-append them; a loser deletes its files and the next step reads back what
+   the winner wrote.
+
+Nothing here keeps the view on the driver: the buffer, the input and the read-back are Spark
+DataFrames; the driver sees versions, file lists and counts.
+
+The micro-batch a ``foreachBatch`` hands over only triggers a step: mvsink reads its input itself
+at pinned source versions, so that all replicas see the same times and rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from mvsink import storage
+from mvsink.append import (REASON_CORRECTION, REASON_PROGRESS, REASON_REPAIR, Shard,
+                           compare_and_append)
+from mvsink.cleanup import clean_orphans
+from mvsink.correction import CorrectionBuffer
+from mvsink.correction.readback import ReadBack, ReadBackError
+from mvsink.inputs import desired_for, latest_version, spark_uri
+from mvsink.key_check import key_error_corrections
+from mvsink.mint import Description, Minter
+from mvsink.target import create_target, validate_target
+from mvsink.updates import ERROR, negate, normalize
+from mvsink.view import ConfigError, ViewDefinition
+from mvsink.write import batch_updates, stage
+
+log = logging.getLogger(__name__)
+
+#: Look for orphaned staged files every this many steps (and at the first writable step).
+_CLEANUP_EVERY = 50
+
+
+class TimeWentBackwards(ConfigError):
+    """The source's versions went backwards (recreated or restored): times must never decrease."""
+
+
+@dataclass
+class StepReport:
+    """What one step did, for logs and tests."""
+
+    table_version: int
+    upper: int
+    desired_frontier: int | None
+    corrections: int
+    desc: Description | None = None
+    appended: bool | None = None
+    files: int = 0
+    seconds: float = 0.0
+
+
+class MaterializedView:
+    def __init__(self, spark: SparkSession, view: ViewDefinition, orphan_grace_seconds: float = 3600.0):
+        self.spark = spark
+        self.view = view
+        self.orphan_grace_seconds = orphan_grace_seconds
+        self.desired = desired_for(spark, view)
+        self.schema = self.desired.schema
+        self.shard = Shard(view.target, view.app_id, view.view_id, view.replica_id)
+        validate_target(spark, view, self.schema)
+        self._check_times(self.desired.latest_version(), self._table_upper())
+        self.minter = Minter(view.as_of, view.read_only)
+        self.correction = CorrectionBuffer(spark, self.schema)
+        self.readback = ReadBack(spark, self.shard, self.schema)
+        self.desired_frontier: int | None = None
+        self.pending_repairs: set[int] = set()
+        self._steps = 0
+        log.info("view %s (replica %s) on %s: %s, key %s, as_of %d%s", view.view_id, view.replica_id,
+                 view.target, type(view.input).__name__, list(view.key), view.as_of,
+                 ", read-only" if view.read_only else "")
+
+    @property
+    def read_only(self) -> bool:
+        return self.minter.read_only
+
+    def allow_writes(self) -> None:
+        """Leave read-only mode for good; the next step may write."""
+        self.minter.allow_writes()
+
+    def foreach_batch(self, _batch: DataFrame, batch_id: int) -> None:
+        """For ``writeStream.foreachBatch``: run one step (the micro-batch only triggers it)."""
+        report = self.step()
+        log.info("batch %d: %s", batch_id, report)
+
+    def _table_upper(self) -> int:
+        return self.shard.upper() if latest_version(self.view.target) is not None else 0
+
+    def _check_times(self, source_latest: int, upper: int) -> None:
+        if upper > source_latest + 1 and upper > self.view.as_of:
+            raise TimeWentBackwards(
+                f"view {self.view.view_id!r}: the target's upper {upper} is past the source's latest "
+                f"version {source_latest} + 1; was the source recreated or restored?"
+            )
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def step(self) -> StepReport:
+        started = time.monotonic()
+        source_latest = self.desired.latest_version()
+        if self.desired_frontier is not None and source_latest + 1 < self.desired_frontier:
+            raise TimeWentBackwards(
+                f"source {self.desired.source} went back from version {self.desired_frontier - 1} "
+                f"to {source_latest}"
+            )
+        try:
+            persisted = self._reconcile(source_latest)
+        except ReadBackError as exc:
+            log.warning("read-back cannot follow the table (%s); rehydrating", exc)
+            self._forget()
+            persisted = self._reconcile(source_latest)
+        report = StepReport(persisted.version, persisted.upper, self.desired_frontier,
+                            self.correction.count())
+        self.minter.advance_persist(max(self.view.as_of, persisted.upper))
+        if self.desired_frontier is not None:
+            self.minter.advance_desired(self.desired_frontier)
+        desc = self.minter.maybe_mint()
+        if desc is not None:
+            report.desc = desc
+            try:
+                report.appended, report.files = self._write_and_append(desc)
+            except Exception:
+                self.minter.abandon(desc)
+                raise
+        self._steps += 1
+        if not self.read_only and (self._steps == 1 or self._steps % _CLEANUP_EVERY == 0):
+            clean_orphans(self.shard, self.orphan_grace_seconds)
+        report.seconds = time.monotonic() - started
+        return report
+
+    def _reconcile(self, source_latest: int):
+        """Steps 1-3: read back, read the input, fold both into the correction buffer."""
+        persisted = self.readback.poll()
+        self.pending_repairs |= set(persisted.foreign_versions)
+        self.pending_repairs -= set(persisted.repaired_versions)
+        if persisted.foreign_versions:
+            log.warning("foreign commits at versions %s: they will be corrected", persisted.foreign_versions)
+        changes = []
+        if persisted.updates is not None:
+            changes.append(negate(persisted.updates))
+        desired = None
+        if self.desired_frontier is None:
+            self._check_times(source_latest, persisted.upper)
+            hydrate_at = max(self.view.as_of, persisted.upper - 1)
+            if source_latest >= hydrate_at:
+                log.info("hydrating at source version %d (table version %d, upper %d)",
+                         hydrate_at, persisted.version, persisted.upper)
+                desired = self.desired.snapshot(hydrate_at)
+                self.desired_frontier = hydrate_at + 1
+        elif source_latest >= self.desired_frontier:
+            desired = self.desired.changes(self.desired_frontier, source_latest)
+            self.desired_frontier = source_latest + 1
+        if desired is not None:
+            desired = desired.localCheckpoint(eager=True)
+            changes.append(desired)
+        since = max(self.view.as_of, persisted.upper)
+        try:
+            self.correction.apply(changes, since)
+        except Exception as exc:
+            missing_file = "FileNotFound" in str(exc) or "does not exist" in str(exc)
+            if persisted.updates is not None and missing_file:
+                raise ReadBackError(f"a committed file is gone: {exc}") from exc
+            raise
+        if desired is not None and self.view.key:
+            self._check_keys(persisted.version, desired, since)
+        return persisted
+
+    def _check_keys(self, table_version: int, desired: DataFrame, since: int) -> None:
+        touched = desired.where(F.col(ERROR).isNull()).select(*self.view.key).dropna().distinct()
+        if table_version >= 0:
+            table = self.spark.read.format("delta").option("versionAsOf", table_version).load(
+                spark_uri(self.view.target))
+            persisted = normalize(table, self.schema)
+        else:
+            persisted = self.spark.createDataFrame([], self.schema)
+        fix = key_error_corrections(persisted, self.correction.updates, touched, self.view.key, since)
+        self.correction.apply([fix], since)
+
+    def _forget(self) -> None:
+        """Drop all state; the next reconcile hydrates from scratch."""
+        self.correction.reset()
+        self.readback.reset()
+        self.desired_frontier = None
+
+    def _write_and_append(self, desc: Description) -> tuple[bool, int]:
+        """Steps 5-6. Returns whether the append won and how many files it carried."""
+        if latest_version(self.view.target) is None:
+            create_target(self.view, self.schema)
+        updates = batch_updates(self.correction.updates, desc, self.correction.since)
+        batch = stage(updates, desc, self.view.target, self.view.view_id, self.view.replica_id)
+        if self.pending_repairs:
+            reason = REASON_REPAIR
+        else:
+            reason = REASON_CORRECTION if batch.files else REASON_PROGRESS
+        result = compare_and_append(self.shard, desc, batch if batch.files else None, reason,
+                                    sorted(self.pending_repairs))
+        if result.appended:
+            self.pending_repairs.clear()
+        return result.appended, len(batch.files)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run_until_caught_up(self, max_steps: int = 100) -> StepReport:
+        """Step until the table's upper has reached the source's latest version + 1 (writers only)."""
+        for _ in range(max_steps):
+            report = self.step()
+            if report.desc is None and report.upper >= self.desired.latest_version() + 1:
+                return report
+        raise RuntimeError(f"view {self.view.view_id!r} did not catch up in {max_steps} steps")
+
+    def start_stream(self, trigger_seconds: float = 2.0, checkpoint: str | None = None):
+        """A Structured Streaming query that runs a step every ``trigger_seconds``."""
+        import tempfile
+
+        checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"mvsink-{self.view.view_id}-")
+        ticks = self.spark.readStream.format("rate").option("rowsPerSecond", 1).load()
+        return (
+            ticks.writeStream.foreachBatch(self.foreach_batch)
+            .trigger(processingTime=f"{trigger_seconds} seconds")
+            .option("checkpointLocation", storage.join(checkpoint, "ticks"))
+            .queryName(f"mvsink-{self.view.view_id}")
+            .start()
+        )

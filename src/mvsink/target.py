@@ -1,0 +1,56 @@
+"""The target table: created on a view's first write, checked against the view at every start.
+
+The table is created by delta-rs with the view's table schema (:func:`mvsink.updates.table_schema`)
+and no partitioning. A replica that finds the table already there (another replica made it, or an
+older run) checks that its columns and types are the view's; a mismatch stops the replica before
+it writes anything.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from mvsink import storage
+from mvsink.inputs import latest_version, spark_uri
+from mvsink.view import ConfigError, ViewDefinition
+
+log = logging.getLogger(__name__)
+
+
+def validate_target(spark: SparkSession, view: ViewDefinition, schema: T.StructType) -> None:
+    """Raise :class:`ConfigError` if the existing target's schema is not ``schema``."""
+    if latest_version(view.target) is None:
+        return
+    actual = spark.read.format("delta").load(spark_uri(view.target)).schema
+    want = {f.name: f.dataType for f in schema.fields}
+    have = {f.name: f.dataType for f in actual.fields}
+    problems = [f"missing column {n} {t.simpleString()}" for n, t in want.items() if n not in have]
+    problems += [f"unexpected column {n} {t.simpleString()}" for n, t in have.items() if n not in want]
+    problems += [
+        f"column {n} is {have[n].simpleString()}, the view has {t.simpleString()}"
+        for n, t in want.items() if n in have and have[n] != t
+    ]
+    if problems:
+        raise ConfigError(
+            f"target {view.target} does not match view {view.view_id!r}: " + "; ".join(problems)
+        )
+
+
+def create_target(view: ViewDefinition, schema: T.StructType) -> None:
+    """Create the target table, unless another replica got there first."""
+    try:
+        DeltaTable.create(
+            storage.delta_uri(view.target), schema=to_arrow_schema(schema), mode="ignore",
+            name=view.view_id, description=f"mvsink view {view.view_id}",
+            storage_options=storage.storage_options(view.target),
+        )
+        log.info("created target table %s", view.target)
+    except Exception:
+        if latest_version(view.target) is None:
+            raise
+        log.info("target table %s was created by another replica", view.target)

@@ -1,0 +1,141 @@
+"""`write`: stages a description's corrections as Parquet files in the table directory.
+
+Given a description `[lower, upper)` and the correction buffer, the corrections with times below
+`upper` (times below `lower` advanced to `lower`) are written by the Spark tasks that hold them:
+one Parquet file per non-empty partition, straight into the target table's directory, each with
+its Delta file statistics. Nothing is committed here; :mod:`mvsink.append` commits the files or
+deletes them. The driver receives only the file list, never the rows.
+
+Staged file names start with ``mvsink-<view>-<lower>-<upper>-<replica>-<batch uuid>``, which is
+how :mod:`mvsink.cleanup` recognises files left behind by a crash.
+
+Invariants: an empty correction stages nothing; every staged file holds only times in
+`[lower, upper)`, consolidated (no two updates with the same row and time, no zero diffs).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from mvsink import failpoints, storage
+from mvsink.mint import Description
+from mvsink.updates import TIME, consolidate
+from mvsink.write.stats import FileStats
+
+log = logging.getLogger(__name__)
+
+STAGED_PREFIX = "mvsink-"
+
+_FILE_LIST_SCHEMA = T.StructType(
+    [
+        T.StructField("path", T.StringType()),
+        T.StructField("size", T.LongType()),
+        T.StructField("num_records", T.LongType()),
+        T.StructField("stats", T.StringType()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    path: str  # relative to the table root
+    size: int
+    num_records: int
+    stats: str
+
+
+@dataclass
+class StagedBatch:
+    desc: Description
+    target: str
+    files: list[StagedFile] = field(default_factory=list)
+
+    @property
+    def num_records(self) -> int:
+        return sum(f.num_records for f in self.files)
+
+    def delete(self) -> None:
+        """Remove the staged files (after losing the race); missing files are fine."""
+        fs, root = storage.filesystem(self.target)
+        for f in self.files:
+            try:
+                fs.delete_file(storage.join(root, f.path))
+            except FileNotFoundError:
+                pass
+        log.info("deleted %d staged files of %s", len(self.files), self.desc)
+
+
+def staged_prefix(view_id: str, desc: Description, replica_id: str) -> str:
+    return f"{STAGED_PREFIX}{view_id}-{desc.lower}-{desc.upper}-{replica_id}-{uuid.uuid4().hex[:12]}"
+
+
+def batch_updates(corrections: DataFrame, desc: Description, corrections_since: int) -> DataFrame:
+    """The updates of the batch for ``desc``: times in `[lower, upper)`, consolidated."""
+    before_upper = corrections.where(F.col(TIME) < F.lit(desc.upper))
+    if corrections_since >= desc.lower:
+        return before_upper  # already at or past lower, and consolidated
+    advanced = before_upper.withColumn(TIME, F.greatest(F.col(TIME), F.lit(desc.lower).cast("long")))
+    return consolidate(advanced)
+
+
+def stage(updates: DataFrame, desc: Description, target: str, view_id: str, replica_id: str) -> StagedBatch:
+    """Write ``updates`` into ``target``'s directory, one file per non-empty Spark partition."""
+    prefix = staged_prefix(view_id, desc, replica_id)
+    writer = _partition_writer(target, prefix)
+    started = time.monotonic()
+    rows = updates.mapInArrow(writer, _FILE_LIST_SCHEMA).collect()
+    batch = StagedBatch(desc, target, [StagedFile(r.path, r.size, r.num_records, r.stats) for r in rows])
+    log.info(
+        "staged %d updates in %d files for %s in %.2fs",
+        batch.num_records, len(batch.files), desc, time.monotonic() - started,
+    )
+    failpoints.hit("after-stage")
+    return batch
+
+
+def _partition_writer(target: str, prefix: str):
+    """The function each Spark task runs: stream its Arrow batches into one Parquet file."""
+
+    def write_partition(batches):
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        name = f"{prefix}-{context.partitionId():05d}-{context.attemptNumber()}.parquet"
+        fs, root = storage.filesystem(target)
+        path = storage.join(root, name)
+        writer = None
+        stats = None
+        sink = None
+        try:
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                if writer is None:
+                    sink = fs.open_output_stream(path)
+                    writer = pq.ParquetWriter(sink, batch.schema, compression="snappy")
+                    stats = FileStats(batch.schema)
+                writer.write_batch(batch)
+                stats.add(batch)
+        finally:
+            if writer is not None:
+                writer.close()
+                sink.close()
+        if writer is not None:
+            size = fs.get_file_info(path).size
+            yield pa.RecordBatch.from_pydict(
+                {"path": [name], "size": [size], "num_records": [stats.num_records],
+                 "stats": [stats.to_json()]},
+                schema=pa.schema([("path", pa.string()), ("size", pa.int64()),
+                                  ("num_records", pa.int64()), ("stats", pa.string())]),
+            )
+
+    return write_partition
