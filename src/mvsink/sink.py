@@ -23,7 +23,9 @@ at pinned source versions, so that all replicas see the same times and rows.
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
+from typing import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame, SparkSession
@@ -225,14 +227,22 @@ class MaterializedView:
                 return report
         raise RuntimeError(f"view {self.view.view_id!r} did not catch up in {max_steps} steps")
 
-    def start_stream(self, trigger_seconds: float = 2.0, checkpoint: str | None = None):
-        """A Structured Streaming query that runs a step every ``trigger_seconds``."""
-        import tempfile
+    def start_stream(self, trigger_seconds: float = 2.0, checkpoint: str | None = None,
+                     before_step: Callable[[], None] | None = None):
+        """A Structured Streaming query that runs a step every ``trigger_seconds``.
 
+        ``before_step`` runs before each step (the job uses it to apply operator requests).
+        """
         checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"mvsink-{self.view.view_id}-")
         ticks = self.spark.readStream.format("rate").option("rowsPerSecond", 1).load()
+
+        def on_batch(batch: DataFrame, batch_id: int) -> None:
+            if before_step is not None:
+                before_step()
+            self.foreach_batch(batch, batch_id)
+
         return (
-            ticks.writeStream.foreachBatch(self.foreach_batch)
+            ticks.writeStream.foreachBatch(on_batch)
             .trigger(processingTime=f"{trigger_seconds} seconds")
             .option("checkpointLocation", storage.join(checkpoint, "ticks"))
             .queryName(f"mvsink-{self.view.view_id}")
