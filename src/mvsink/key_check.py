@@ -43,26 +43,26 @@ def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched:
         points.join(ok, on=keys)
         .where(F.col(TIME) <= F.col(_POINT))
         .groupBy(*keys, _POINT, *[c for c in user if c not in keys])
-        .agg(F.sum(DIFF).alias("n"))
-        .where(F.col("n") > 0)
+        .agg(F.sum(DIFF).alias("_mv_n"))
+        .where(F.col("_mv_n") > 0)
         .groupBy(*keys, _POINT)
-        .agg(F.sum("n").alias("n"))
+        .agg(F.sum("_mv_n").alias("_mv_n"))
     )
     state = points.join(rows_at, on=[*keys, _POINT], how="left").select(
         *keys, _POINT,
-        F.when(F.col("n") > 1, F.concat(
+        F.when(F.col("_mv_n") > 1, F.concat(
             F.lit("duplicate key "), F.to_json(F.struct(*keys)), F.lit(": "),
-            F.col("n").cast("string"), F.lit(" rows"),
+            F.col("_mv_n").cast("string"), F.lit(" rows"),
         )).alias(ERROR),
     )
     # State changes as updates: +message at a point, -previous message at the same point.
     previous = F.lag(ERROR).over(Window.partitionBy(*keys).orderBy(_POINT))
-    changes = state.select(*keys, _POINT, F.col(ERROR).alias("now"), previous.alias("before"))
-    asserted = changes.where(F.col("now").isNotNull() & ~F.col("now").eqNullSafe(F.col("before")))
-    retracted = changes.where(F.col("before").isNotNull() & ~F.col("before").eqNullSafe(F.col("now")))
+    changes = state.select(*keys, _POINT, F.col(ERROR).alias("_mv_now"), previous.alias("_mv_before"))
+    asserted = changes.where(F.col("_mv_now").isNotNull() & ~F.col("_mv_now").eqNullSafe(F.col("_mv_before")))
+    retracted = changes.where(F.col("_mv_before").isNotNull() & ~F.col("_mv_before").eqNullSafe(F.col("_mv_now")))
     types = {f.name: f.dataType for f in corrections.schema.fields}
-    wanted = _error_updates(asserted, "now", 1, keys, types).unionByName(
-        _error_updates(retracted, "before", -1, keys, types)
+    wanted = _error_updates(asserted, "_mv_now", 1, keys, types).unionByName(
+        _error_updates(retracted, "_mv_before", -1, keys, types)
     )
     return wanted.unionByName(negate(key_errors)).select(*columns)
 

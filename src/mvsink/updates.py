@@ -33,9 +33,9 @@ _UNGROUPABLE = (T.MapType, T.VariantType) if hasattr(T, "VariantType") else (T.M
 
 def table_schema(user_schema: T.StructType) -> T.StructType:
     """The target table's schema for a view whose rows have ``user_schema``."""
-    clash = [f.name for f in user_schema.fields if f.name in RESERVED]
+    clash = [f.name for f in user_schema.fields if f.name.startswith("_mv_")]
     if clash:
-        raise ValueError(f"view columns {clash} clash with mvsink's reserved columns {RESERVED}")
+        raise ValueError(f"view columns {clash} clash with mvsink's reserved prefix _mv_")
     bad = [f.name for f in user_schema.fields if _contains(f.dataType, _UNGROUPABLE)]
     if bad:
         raise ValueError(f"view columns {bad} have map/variant types, which cannot be consolidated")

@@ -1,0 +1,92 @@
+"""Compare-and-append under real contention: separate processes committing to one local table."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from collections import Counter, defaultdict
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from mvsink.append import Shard, compare_and_append
+from mvsink.mint import Description
+from mvsink.write import StagedBatch, StagedFile
+from mvsink.write.stats import FileStats
+
+PROCESSES = 4
+ROUNDS = 200
+SCHEMA = pa.schema([("proc", pa.int64()), ("round", pa.int64()), ("_mv_error", pa.string()),
+                    ("_mv_time", pa.int64()), ("_mv_diff", pa.int64())])
+
+
+def _stage(target: str, proc: int, lower: int) -> StagedBatch:
+    name = f"mvsink-race-{lower}-{lower + 1}-p{proc}-{os.getpid()}.parquet"
+    batch = pa.RecordBatch.from_pylist(
+        [{"proc": proc, "round": lower, "_mv_error": None, "_mv_time": lower, "_mv_diff": 1}], schema=SCHEMA)
+    pq.write_table(pa.Table.from_batches([batch]), os.path.join(target, name))
+    stats = FileStats(SCHEMA)
+    stats.add(batch)
+    size = os.path.getsize(os.path.join(target, name))
+    return StagedBatch(Description(lower, lower + 1), target, [StagedFile(name, size, 1, stats.to_json())])
+
+
+def _racer(target: str, proc: int, barrier, done, out_path: str) -> None:
+    shard = Shard(target, "mvsink:race", "race", f"p{proc}")
+    attempts = []
+    while True:
+        barrier.wait()
+        if done.value:
+            break
+        upper = shard.upper()
+        if upper >= ROUNDS:
+            done.value = 1
+            continue
+        batch = _stage(target, proc, upper)
+        result = compare_and_append(shard, batch.desc, batch, "correction")
+        attempts.append({"lower": upper, "won": result.appended, "file": batch.files[0].path})
+    with open(out_path, "w") as f:
+        json.dump(attempts, f)
+
+
+def test_processes_racing_on_one_table_have_exactly_one_winner_per_round(tmp_path):
+    target = str(tmp_path / "race")
+    DeltaTable.create(target, schema=SCHEMA)
+    ctx = multiprocessing.get_context("spawn")
+    barrier, done = ctx.Barrier(PROCESSES), ctx.Value("i", 0)
+    outs = [str(tmp_path / f"p{i}.json") for i in range(PROCESSES)]
+    procs = [ctx.Process(target=_racer, args=(target, i, barrier, done, outs[i])) for i in range(PROCESSES)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=900)
+        assert p.exitcode == 0, f"racer exited with {p.exitcode}"
+
+    attempts = defaultdict(list)
+    for i, out in enumerate(outs):
+        for a in json.load(open(out)):
+            attempts[a["lower"]].append((i, a["won"], a["file"]))
+    winners = {lower: [a for a in tries if a[1]] for lower, tries in attempts.items()}
+    assert sorted(attempts) == list(range(ROUNDS)), "every round was attempted"
+    assert all(len(w) == 1 for w in winners.values()), {k: v for k, v in winners.items() if len(v) != 1}
+    contested = sum(1 for tries in attempts.values() if len(tries) > 1)
+    assert contested >= ROUNDS // 2, f"only {contested} rounds were contested: the test did not race"
+    print(f"{PROCESSES} processes, {ROUNDS} rounds, {contested} contested, "
+          f"{sum(len(t) for t in attempts.values())} commit attempts, wins per process "
+          f"{dict(Counter(w[0][0] for w in winners.values()))}")
+
+    table = DeltaTable(target)
+    assert table.transaction_version("mvsink:race") == ROUNDS
+    # The log: one commit per round, each starting where the previous ended; no commit lost.
+    commits = [h for h in reversed(table.history()) if h.get("mvsink.view") == "race"]
+    assert [(h["mvsink.lower"], h["mvsink.upper"]) for h in commits] == [(r, r + 1) for r in range(ROUNDS)]
+    assert [h["mvsink.replica"] for h in commits] == [f"p{winners[r][0][0]}" for r in range(ROUNDS)]
+    # The data: exactly the winners' rows, each once; losers' files deleted from the directory.
+    rows = table.to_pyarrow_table().to_pylist()
+    assert sorted((r["round"], r["proc"]) for r in rows) == [(r, winners[r][0][0]) for r in range(ROUNDS)]
+    winning_files = {w[0][2] for w in winners.values()}
+    assert set(table.file_uris()) == {os.path.join(target, f) for f in winning_files}
+    on_disk = {f for f in os.listdir(target) if f.endswith(".parquet")}
+    assert on_disk == winning_files, f"leftover loser files: {sorted(on_disk - winning_files)[:5]}"

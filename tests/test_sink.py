@@ -1,0 +1,96 @@
+"""The sink end to end in one process: changes and snapshot inputs, reading the view."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from pyspark.sql import functions as F
+
+from helpers import create_source, insert
+from mvsink import (ChangesInput, MaterializedView, NotReadable, SnapshotInput, ViewDefinition,
+                    read_view, register_temp_view, view_since, view_upper)
+from mvsink.check import check_table, expected_from_source
+
+
+def _edit_source(spark, src):
+    """Versions 2..6 of the source: inserts, an update, a delete, a mixed commit."""
+    insert(spark, src, [(4, "d"), (5, "e")])
+    spark.sql(f"UPDATE delta.`{src}` SET v = 'bb' WHERE id = 2")
+    spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 3")
+    spark.sql(f"MERGE INTO delta.`{src}` t USING (SELECT 1 AS id, 'aa' AS v UNION ALL SELECT 6, 'f') s "
+              "ON t.id = s.id WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *")
+
+
+def test_changes_view_equals_the_source_at_every_version(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a"), (2, "b"), (3, "c")])
+    view = ViewDefinition("orders", tgt, ChangesInput(src), key=("id",), as_of=1, replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()
+    _edit_source(spark, src)
+    # Step after every source commit, and once more after several at once.
+    report = mv.run_until_caught_up()
+    insert(spark, src, [(7, "g")])
+    insert(spark, src, [(8, "h")])
+    report = mv.run_until_caught_up()
+    assert report.upper == 8 and report.corrections == 0
+    result = check_table(tgt, "orders", ["id", "v"], expected_from_source(src, ["id", "v"]), as_of=1)
+    assert result.ok, result.problems
+    assert result.times_checked == 1 + 5 + 7  # versions with uppers 2, 6 and 8
+
+    assert view_upper(tgt, "orders") == 8 and view_since(tgt, "orders") == 1
+    at4 = Counter(tuple(r) for r in read_view(spark, tgt, "orders", 4).collect())
+    assert at4 == Counter({(1, "a"): 1, (2, "bb"): 1, (4, "d"): 1, (5, "e"): 1})
+    latest = {tuple(r) for r in read_view(spark, tgt, "orders").collect()}
+    assert latest == {(1, "aa"), (2, "bb"), (4, "d"), (5, "e"), (6, "f"), (7, "g"), (8, "h")}
+    name = register_temp_view(spark, tgt, "orders", "orders_now")
+    assert spark.sql(f"SELECT count(*) AS n FROM {name} WHERE id > 4").first().n == 4
+    with pytest.raises(NotReadable):
+        read_view(spark, tgt, "orders", 8)
+    with pytest.raises(NotReadable):
+        read_view(spark, tgt, "orders", 0)
+
+
+def test_steady_state_writes_only_progress_when_nothing_changes(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a")])
+    mv = MaterializedView(spark, ViewDefinition("idle", tgt, ChangesInput(src), replica_id="r1"))
+    mv.run_until_caught_up()
+    files_before = set((tmp_path / "tgt").iterdir())
+    report = mv.step()
+    assert report.desc is None, "no source change, no description"
+    spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES ('x' = 'y')")  # a version without changes
+    report = mv.run_until_caught_up()
+    new_files = {p for p in set((tmp_path / "tgt").iterdir()) - files_before if p.suffix == ".parquet"}
+    assert report.upper == 3 and not new_files, "an empty correction stages no file"
+
+
+def _count_by_v(df):
+    return df.groupBy("v").agg(F.count("*").alias("n"), F.sum("id").alias("total"))
+
+
+def test_snapshot_view_of_an_aggregate_equals_the_query_at_every_version(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "x"), (2, "y"), (3, "x")])
+    view = ViewDefinition("counts", tgt, SnapshotInput(src, _count_by_v), key=("v",), replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()
+    insert(spark, src, [(4, "y"), (5, "z")])
+    spark.sql(f"DELETE FROM delta.`{src}` WHERE v = 'z'")
+    mv.step()  # two versions in one step
+    spark.sql(f"UPDATE delta.`{src}` SET v = 'y' WHERE id = 1")
+    mv.run_until_caught_up()
+
+    source_at = expected_from_source(src, ["id", "v"])
+
+    def expected(t):
+        by_v = {}
+        for (id_, v), n in source_at(t).items():
+            count, total = by_v.get(v, (0, 0))
+            by_v[v] = (count + n, total + id_ * n)
+        return Counter({(v, c, s): 1 for v, (c, s) in by_v.items()})
+
+    result = check_table(tgt, "counts", ["v", "n", "total"], expected)
+    assert result.ok, result.problems
+    assert {tuple(r) for r in read_view(spark, tgt, "counts").collect()} == {("x", 1, 3), ("y", 3, 7)}
