@@ -15,9 +15,11 @@ the user columns null.
 from __future__ import annotations
 
 import json
+import sys
 from typing import Callable
 
 import pyarrow as pa
+from pyspark import cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -29,6 +31,7 @@ from mvsink.updates import DIFF, ERROR, TIME, table_schema
 def map_rows(updates: DataFrame, map_row: Callable[[dict], dict | None],
              output_schema: T.StructType) -> DataFrame:
     """``map_row`` applied to each update's row, keeping its time and diff; failures as errors."""
+    _ship_by_value(map_row)
     out_schema = table_schema(output_schema)
     arrow_schema = to_arrow_schema(out_schema)
     user_names = output_schema.names
@@ -51,6 +54,14 @@ def map_rows(updates: DataFrame, map_row: Callable[[dict], dict | None],
             yield _to_batch(results, user_names, arrow_schema)
 
     return updates.mapInArrow(run, out_schema)
+
+
+def _ship_by_value(function: Callable) -> None:
+    """Pickle the user's module with the function, so executors need not be able to import it."""
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    if module is not None and module.__name__ not in ("__main__", "builtins"):
+        if "site-packages" not in (getattr(module, "__file__", None) or "site-packages"):
+            cloudpickle.register_pickle_by_value(module)
 
 
 def _describe(exc: Exception, row: dict) -> str:

@@ -1,0 +1,134 @@
+"""Bad rows become error updates that retract once fixed; bad configuration stops before writing."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import types as T
+
+from helpers import JOB, ROOT, create_source, insert, write_config
+from mvsink import (ChangesInput, ConfigError, MaterializedView, TimeWentBackwards, ViewDefinition,
+                    ViewInError, load_config, read_view, view_errors)
+from mvsink.target import create_target
+from mvsink.updates import table_schema
+
+
+def parse_amount(row: dict) -> dict | None:
+    """A user function: filter, cast, map. int() fails on bad input."""
+    if row["v"] == "skip":
+        return None
+    return {"id": row["id"], "amount": int(row["v"]), "label": f"#{row['id']}"}
+
+
+def _errors(spark, tgt, t):
+    return sorted(r[0] for r in view_errors(spark, tgt, t).collect())
+
+
+def test_bad_rows_become_error_updates_and_retract_when_fixed(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "10"), (2, "20"), (3, "skip")])
+    view = ViewDefinition(
+        "amounts", tgt,
+        ChangesInput(src, map_row=parse_amount, output_schema="id BIGINT, amount INT, label STRING"),
+        key=("id",), replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()
+    assert {tuple(r) for r in read_view(spark, tgt, "amounts").collect()} == {(1, 10, "#1"), (2, 20, "#2")}
+
+    insert(spark, src, [(4, "x4")])                       # a failed cast in the user function
+    insert(spark, src, [(None, "5")])                     # a null key
+    insert(spark, src, [(1, "11")])                       # key 1 now has two different rows
+    insert(spark, src, [(6, "99999999999")])              # does not fit INT: a failed conversion
+    report = mv.run_until_caught_up()
+    t = report.upper - 1
+    errors = _errors(spark, tgt, t)
+    assert len(errors) == 4, errors
+    assert any(e.startswith("ValueError: invalid literal for int()") and '"v": "x4"' in e for e in errors)
+    assert any(e.startswith("null in key column(s) ['id']") for e in errors)
+    assert 'duplicate key {"id":1}: 2 rows' in errors
+    assert any("99999999999" in e for e in errors)
+    with pytest.raises(ViewInError, match="in error at time"):
+        read_view(spark, tgt, "amounts")
+    ok_rows = {tuple(r) for r in read_view(spark, tgt, "amounts", errors="ignore").collect()}
+    assert ok_rows == {(1, 10, "#1"), (1, 11, "#1"), (2, 20, "#2")}
+    # Each error appeared at the time of the commit that caused it, not before.
+    assert len(_errors(spark, tgt, t - 1)) == 3 and len(_errors(spark, tgt, t - 3)) == 1
+
+    spark.sql(f"UPDATE delta.`{src}` SET v = '4' WHERE id = 4")
+    spark.sql(f"DELETE FROM delta.`{src}` WHERE id IS NULL OR v = '11' OR id = 6")
+    report = mv.run_until_caught_up()
+    assert _errors(spark, tgt, report.upper - 1) == []
+    assert {tuple(r) for r in read_view(spark, tgt, "amounts").collect()} == {
+        (1, 10, "#1"), (2, 20, "#2"), (4, 4, "#4")}
+
+
+def test_missing_source_stops_with_a_clear_error_and_writes_nothing(spark, tmp_path):
+    tgt = tmp_path / "tgt"
+    with pytest.raises(ConfigError, match="is not a Delta table"):
+        MaterializedView(spark, ViewDefinition("v", str(tgt), ChangesInput(str(tmp_path / "nope"))))
+    assert not tgt.exists()
+
+
+def test_source_without_change_feed_is_refused(spark, tmp_path):
+    src = str(tmp_path / "src")
+    spark.sql(f"CREATE TABLE delta.`{src}` (id BIGINT) USING delta")
+    with pytest.raises(ConfigError, match="change data feed"):
+        MaterializedView(spark, ViewDefinition("v", str(tmp_path / "tgt"), ChangesInput(src)))
+
+
+def test_target_with_another_schema_is_refused_and_left_alone(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a")])
+    other = ViewDefinition("v", tgt, ChangesInput(src))
+    create_target(other, table_schema(T.StructType([T.StructField("id", T.IntegerType()),
+                                                      T.StructField("w", T.StringType())])))
+    version = DeltaTable(tgt).version()
+    with pytest.raises(ConfigError, match=r"missing column v string; unexpected column w string; column id is int, the view has bigint"):
+        MaterializedView(spark, ViewDefinition("v", tgt, ChangesInput(src)))
+    assert DeltaTable(tgt).version() == version
+
+
+def test_times_going_backwards_stop_the_view(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a")])
+    insert(spark, src, [(2, "b")])
+    insert(spark, src, [(3, "c")])
+    view = ViewDefinition("v", tgt, ChangesInput(src), replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()
+    shutil.rmtree(src)
+    create_source(spark, src, [(9, "z")])               # recreated: versions start over
+    with pytest.raises(TimeWentBackwards, match="went back from version 3 to 1"):
+        mv.step()
+    version = DeltaTable(tgt).version()
+    with pytest.raises(TimeWentBackwards, match="upper 4 is past the source's latest version 1"):
+        MaterializedView(spark, view)
+    assert DeltaTable(tgt).version() == version
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"view_id": "v", "target": "t"}, "missing required setting 'input'"),
+    ({"view_id": "v", "target": "t", "input": {"kind": "changes", "source": "s"}, "colour": 1},
+     "unknown settings"),
+    ({"view_id": "v", "target": "t", "input": {"kind": "stream", "source": "s"}}, "kind"),
+    ({"view_id": "v", "target": "t", "input": {"kind": "snapshot", "source": "s", "query": "nomodule:f"}},
+     "cannot import module 'nomodule'"),
+    ({"view_id": "a/b", "target": "t", "input": {"kind": "changes", "source": "s"}}, "view_id"),
+])
+def test_bad_config_files_are_refused_with_the_reason(tmp_path, settings, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write_config(tmp_path / "view.yaml", **settings))
+
+
+def test_the_job_exits_2_on_bad_configuration_without_writing(tmp_path):
+    config = write_config(tmp_path / "view.yaml", view_id="v", target=str(tmp_path / "tgt"),
+                          input={"kind": "changes", "source": str(tmp_path / "missing")})
+    result = subprocess.run([sys.executable, str(JOB), "--config", str(config)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "bad configuration" in result.stderr and "is not a Delta table" in result.stderr
+    assert not (tmp_path / "tgt").exists()
