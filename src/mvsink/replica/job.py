@@ -58,6 +58,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def _stop_between_steps(query, timeout_seconds: float = 120.0) -> None:
+    """Stop the query once no step is running (or after ``timeout_seconds``)."""
+    deadline = time.monotonic() + timeout_seconds
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level.upper(),
@@ -86,6 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     if query.exception() is not None:
         log.error("the view's query failed: %s", query.exception())
         return 1
-    query.stop()
+    _stop_between_steps(query)
     log.info("replica %s stopped", view_def.replica_id)
     return 0

@@ -1,0 +1,83 @@
+"""Replicas as separate processes on one source and target, restarted at random."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+import pytest
+from deltalake import DeltaTable
+
+from helpers import Replica, create_source, insert, wait_for, write_config
+from mvsink.check import check_table, expected_from_source
+from mvsink.view import resolve_function
+
+SOURCE_VERSIONS = 32
+RESTARTS = 4
+
+TRANSFORM = '''
+def shout(row):
+    """Keep even ids, upper-case v."""
+    if row["id"] % 2:
+        return None
+    return {"id": row["id"], "v": row["v"].upper()}
+'''
+
+
+def _edit(spark, src, rng: random.Random, version: int, next_id: list[int]) -> None:
+    op = rng.choice(["insert", "insert", "update", "delete"])
+    if op == "insert":
+        rows = [(next_id[0] + i, f"r{version}-{i}") for i in range(rng.randint(1, 4))]
+        next_id[0] += len(rows)
+        insert(spark, src, rows)
+    elif op == "update":
+        spark.sql(f"UPDATE delta.`{src}` SET v = concat(v, '+{version}') WHERE id % 3 = {version % 3}")
+    else:
+        spark.sql(f"DELETE FROM delta.`{src}` WHERE id % 7 = {version % 7}")
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_replicas_with_random_restarts_keep_the_table_exact(spark, tmp_path, replicas):
+    rng = random.Random(1000 + replicas)
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    (tmp_path / "transform.py").write_text(TRANSFORM)
+    create_source(spark, src, [(i, f"r0-{i}") for i in range(10)])
+    config = write_config(tmp_path / "view.yaml", view_id="shouty", target=tgt, key=["id"], as_of=1,
+                          input={"kind": "changes", "source": src, "map_row": "transform.py:shout",
+                                 "output_schema": "id BIGINT, v STRING"})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    fleet = [Replica(config, f"r{i}", logs).start() for i in range(replicas)]
+    restarts = 0
+    try:
+        wait_for(lambda: DeltaTable(tgt).transaction_version("mvsink:shouty") if DeltaTable.is_deltatable(tgt)
+                 else None, timeout=240, what="the first commit")
+        next_id = [100]
+        restart_at = set(rng.sample(range(2, SOURCE_VERSIONS - 4), RESTARTS))
+        for version in range(SOURCE_VERSIONS):
+            _edit(spark, src, rng, version, next_id)
+            if version in restart_at:
+                victim = rng.choice(fleet)
+                victim.kill(rng.choice([signal.SIGKILL, signal.SIGTERM]))
+                victim.start()
+                restarts += 1
+            time.sleep(rng.uniform(0.5, 3.0))
+        for replica in fleet:
+            assert replica.alive(), replica.logs()[-3000:]
+        latest = DeltaTable(src).version()
+        wait_for(lambda: DeltaTable(tgt).transaction_version("mvsink:shouty") == latest + 1,
+                 timeout=300, what=f"the view to reach source version {latest}")
+    finally:
+        for replica in fleet:
+            replica.kill(signal.SIGTERM)
+
+    shout = resolve_function("transform.py:shout", tmp_path)
+    result = check_table(tgt, "shouty", ["id", "v"], expected_from_source(src, ["id", "v"], shout), as_of=1)
+    print(f"{replicas} replicas, {restarts} restarts, source versions {DeltaTable(src).version()}: "
+          f"{result.summary()}")
+    assert result.ok, result.problems[:5]
+    assert restarts == RESTARTS
+    assert result.times_checked > SOURCE_VERSIONS
+    writers = {replica for _, _, reason, replica in result.commits if reason != "advance-upper"}
+    assert len(writers) >= 2, f"only {writers} ever won a commit: the replicas did not race"
