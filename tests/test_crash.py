@@ -1,0 +1,60 @@
+"""kill -9 a replica while it writes and while it commits; after a restart the table is right."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from deltalake import DeltaTable
+
+from helpers import Replica, create_source, insert, wait_for, write_config
+from mvsink.check import check_table, expected_from_source
+
+
+def _upper(tgt):
+    return DeltaTable(tgt).transaction_version("mvsink:crashy") if DeltaTable.is_deltatable(tgt) else None
+
+
+def _committed(tgt):
+    return set(DeltaTable(tgt).get_add_actions(flatten=True).column("path").to_pylist())
+
+
+def _staged(tgt):
+    return {f for f in os.listdir(tgt) if f.startswith("mvsink-crashy-")}
+
+
+@pytest.mark.parametrize("failpoint", ["after-stage", "before-commit", "after-commit"])
+def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path, failpoint):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a"), (2, "b")])
+    config = write_config(tmp_path / "view.yaml", view_id="crashy", target=tgt, key=["id"],
+                          input={"kind": "changes", "source": src})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    healthy = Replica(config, "r0", logs, "--orphan-grace-seconds", "0").start()
+    wait_for(lambda: _upper(tgt) == DeltaTable(src).version() + 1, timeout=240, what="the first commits")
+    healthy.kill(signal.SIGTERM)
+
+    marker = tmp_path / "frozen"
+    doomed = Replica(config, "r0", logs, env={"MVSINK_FAILPOINT": failpoint,
+                                              "MVSINK_FAILPOINT_MARKER": str(marker)}).start()
+    upper_before = _upper(tgt)
+    insert(spark, src, [(3, "c"), (4, "d")])
+    wait_for(marker.exists, timeout=240, what=f"the replica to reach {failpoint}")
+    doomed.kill(signal.SIGKILL)
+    committed = _upper(tgt) > upper_before
+    assert committed == (failpoint == "after-commit")
+    leftovers = _staged(tgt) - _committed(tgt)
+    assert bool(leftovers) == (failpoint != "after-commit"), "a staged file is left behind by the kill"
+
+    spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 1")
+    restarted = Replica(config, "r0", logs, "--orphan-grace-seconds", "0").start()
+    try:
+        wait_for(lambda: _upper(tgt) == DeltaTable(src).version() + 1, timeout=240, what="catching up")
+        wait_for(lambda: not (leftovers & _staged(tgt)), timeout=60, what="orphans to be cleaned up")
+    finally:
+        restarted.kill(signal.SIGTERM)
+    result = check_table(tgt, "crashy", ["id", "v"], expected_from_source(src, ["id", "v"]))
+    assert result.ok, result.problems
+    assert _committed(tgt) <= set(os.listdir(tgt)), "cleanup never deletes a committed file"
