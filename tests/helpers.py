@@ -82,11 +82,17 @@ class Replica:
         return "\n".join(p.read_text() for p in sorted(self.log_dir.glob(f"{self.replica_id}-*.log")))
 
 
-def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
+def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition",
+             watch: tuple["Replica", ...] = ()):
+    """Wait until ``predicate()`` is true; fail at once if a watched replica has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
+        for replica in watch:
+            if not replica.alive():
+                raise AssertionError(f"replica {replica.replica_id} exited while waiting for {what}:\n"
+                                     + replica.logs()[-4000:])
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")

@@ -33,7 +33,7 @@ def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path, failpo
     logs = tmp_path / "logs"
     logs.mkdir()
     healthy = Replica(config, "r0", logs, "--orphan-grace-seconds", "0").start()
-    wait_for(lambda: _upper(tgt) == DeltaTable(src).version() + 1, timeout=240, what="the first commits")
+    wait_for(lambda: _upper(tgt) == DeltaTable(src).version() + 1, timeout=240, what="the first commits", watch=(healthy,))
     healthy.kill(signal.SIGTERM)
 
     marker = tmp_path / "frozen"
@@ -41,7 +41,7 @@ def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path, failpo
                                               "MVSINK_FAILPOINT_MARKER": str(marker)}).start()
     upper_before = _upper(tgt)
     insert(spark, src, [(3, "c"), (4, "d")])
-    wait_for(marker.exists, timeout=240, what=f"the replica to reach {failpoint}")
+    wait_for(marker.exists, timeout=240, what=f"the replica to reach {failpoint}", watch=(doomed,))
     doomed.kill(signal.SIGKILL)
     committed = _upper(tgt) > upper_before
     assert committed == (failpoint == "after-commit")
@@ -51,8 +51,8 @@ def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path, failpo
     spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 1")
     restarted = Replica(config, "r0", logs, "--orphan-grace-seconds", "0").start()
     try:
-        wait_for(lambda: _upper(tgt) == DeltaTable(src).version() + 1, timeout=240, what="catching up")
-        wait_for(lambda: not (leftovers & _staged(tgt)), timeout=60, what="orphans to be cleaned up")
+        wait_for(lambda: _upper(tgt) == DeltaTable(src).version() + 1, timeout=240, what="catching up", watch=(restarted,))
+        wait_for(lambda: not (leftovers & _staged(tgt)), timeout=60, what="orphans to be cleaned up", watch=(restarted,))
     finally:
         restarted.kill(signal.SIGTERM)
     result = check_table(tgt, "crashy", ["id", "v"], expected_from_source(src, ["id", "v"]))

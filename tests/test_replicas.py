@@ -52,7 +52,7 @@ def test_replicas_with_random_restarts_keep_the_table_exact(spark, tmp_path, rep
     restarts = 0
     try:
         wait_for(lambda: DeltaTable(tgt).transaction_version("mvsink:shouty") if DeltaTable.is_deltatable(tgt)
-                 else None, timeout=240, what="the first commit")
+                 else None, timeout=240, what="the first commit", watch=tuple(fleet))
         next_id = [100]
         restart_at = set(rng.sample(range(2, SOURCE_VERSIONS - 4), RESTARTS))
         for version in range(SOURCE_VERSIONS):
@@ -67,7 +67,7 @@ def test_replicas_with_random_restarts_keep_the_table_exact(spark, tmp_path, rep
             assert replica.alive(), replica.logs()[-3000:]
         latest = DeltaTable(src).version()
         wait_for(lambda: DeltaTable(tgt).transaction_version("mvsink:shouty") == latest + 1,
-                 timeout=300, what=f"the view to reach source version {latest}")
+                 timeout=300, what=f"the view to reach source version {latest}", watch=tuple(fleet))
     finally:
         for replica in fleet:
             replica.kill(signal.SIGTERM)

@@ -31,8 +31,10 @@ def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched:
     columns = corrections.columns
     user = [c for c in columns if c not in (ERROR, TIME, DIFF)]
     keys = list(key)
+    # Shuffle joins throughout: a broadcast would route the touched keys (all keys, when
+    # hydrating) through the driver.
     desired = advance_times(persisted.unionByName(corrections), since).join(
-        F.broadcast(touched), on=keys, how="left_semi"
+        touched.hint("shuffle_hash"), on=keys, how="left_semi"
     )
     ok = desired.where(F.col(ERROR).isNull())
     key_errors = desired.where(F.col(ERROR).isNotNull() & _all_not_null(keys))
@@ -40,7 +42,7 @@ def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched:
     # The times at which some touched key's rows change: the error state can only change there.
     points = ok.select(*keys, F.col(TIME).alias(_POINT)).distinct()
     rows_at = (
-        points.join(ok, on=keys)
+        points.hint("shuffle_hash").join(ok, on=keys)
         .where(F.col(TIME) <= F.col(_POINT))
         .groupBy(*keys, _POINT, *[c for c in user if c not in keys])
         .agg(F.sum(DIFF).alias("_mv_n"))
@@ -48,7 +50,7 @@ def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched:
         .groupBy(*keys, _POINT)
         .agg(F.sum("_mv_n").alias("_mv_n"))
     )
-    state = points.join(rows_at, on=[*keys, _POINT], how="left").select(
+    state = points.join(rows_at.hint("shuffle_hash"), on=[*keys, _POINT], how="left").select(
         *keys, _POINT,
         F.when(F.col("_mv_n") > 1, F.concat(
             F.lit("duplicate key "), F.to_json(F.struct(*keys)), F.lit(": "),
