@@ -64,6 +64,8 @@ class CheckResult:
     times_checked: int = 0
     commits: list[tuple[int, int, str, str]] = field(default_factory=list)  # lower, upper, reason, replica
     problems: list[str] = field(default_factory=list)
+    #: For each table version with problems, the times at which the table differs from the view.
+    bad_times: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -116,6 +118,7 @@ def check_table(target: str, view_id: str, columns: list[str], expected: Callabl
             have = +contents
             want = expected(t)
             if have != want or +errors:
+                result.bad_times.setdefault(version, []).append(t)
                 missing, extra = want - have, have - want
                 result.problems.append(
                     f"version {version} time {t}: missing {dict(list(missing.items())[:3])}, "

@@ -41,7 +41,7 @@ from mvsink.inputs import desired_for, latest_version, spark_uri
 from mvsink.key_check import key_error_corrections
 from mvsink.mint import Description, Minter
 from mvsink.target import create_target, validate_target
-from mvsink.updates import ERROR, negate, normalize
+from mvsink.updates import DIFF, ERROR, TIME, negate, normalize
 from mvsink.view import ConfigError, ViewDefinition
 from mvsink.write import batch_updates, stage
 
@@ -185,7 +185,19 @@ class MaterializedView:
         return persisted
 
     def _check_keys(self, table_version: int, desired: DataFrame, since: int) -> None:
-        touched = desired.where(F.col(ERROR).isNull()).select(*self.view.key).dropna().distinct()
+        """Recompute key violations where a key's row count may have changed.
+
+        A key's count at a time changes only if its desired updates at that time do not sum to
+        zero; an update that replaces a row (-old, +new) cannot create or end a violation.
+        """
+        key = list(self.view.key)
+        touched = (
+            desired.where(F.col(ERROR).isNull()).dropna(subset=key)
+            .groupBy(*key, TIME).agg(F.sum(DIFF).alias("_mv_net")).where(F.col("_mv_net") != 0)
+            .select(*key).distinct().localCheckpoint(eager=True)
+        )
+        if touched.isEmpty():
+            return
         if table_version >= 0:
             table = self.spark.read.format("delta").option("versionAsOf", table_version).load(
                 spark_uri(self.view.target))

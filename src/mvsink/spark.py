@@ -4,6 +4,9 @@ The Delta jars are resolved once with Maven into a cache folder (``MVSINK_JARS_D
 ``~/.cache/mvsink/jars/<delta version>``) and handed to Spark with ``spark.jars``; only the jars
 that pyspark does not already ship are kept, so nothing on Spark's own class path is shadowed.
 Resolution runs under a file lock, so several replicas starting at once resolve once.
+
+Under ``spark-submit`` the driver's class path is fixed before Python runs, so hand the jars to
+spark-submit: ``spark-submit --jars "$(python -m mvsink.spark)" mvsink_job.py ...``.
 """
 
 from __future__ import annotations
@@ -41,8 +44,6 @@ def _artifact_base(jar_name: str) -> str:
 
 def delta_jars() -> list[str]:
     """Paths of the Delta jars (and their dependencies missing from pyspark), resolving them once."""
-    import pyspark
-
     artifact = f"delta-spark_{_spark_major_minor()}_{SCALA_VERSION}"
     default_dir = Path.home() / ".cache" / "mvsink" / "jars" / f"{artifact}-{DELTA_VERSION}"
     jars_dir = Path(os.environ.get("MVSINK_JARS_DIR", default_dir))
@@ -53,12 +54,19 @@ def delta_jars() -> list[str]:
         if not done.exists():
             _resolve(artifact, jars_dir)
             done.touch()
-    spark_jars = {_artifact_base(j) for j in os.listdir(Path(pyspark.__file__).parent / "jars")}
+    spark_jars = {_artifact_base(j) for j in os.listdir(_spark_jars_dir())}
     return sorted(
         str(jars_dir / j)
         for j in os.listdir(jars_dir)
         if j.endswith(".jar") and _artifact_base(j) not in spark_jars
     )
+
+
+def _spark_jars_dir() -> Path:
+    """Spark's own jars: $SPARK_HOME/jars (as spark-submit sets it), else pyspark's."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    return Path(os.environ.get("SPARK_HOME") or _find_spark_home()) / "jars"
 
 
 def _resolve(artifact: str, jars_dir: Path) -> None:
@@ -107,3 +115,7 @@ def spark_session(app_name: str = "mvsink", extra_conf: dict[str, str] | None = 
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("MVSINK_SPARK_LOG_LEVEL", "ERROR"))
     return spark
+
+
+if __name__ == "__main__":
+    print(",".join(delta_jars()))
