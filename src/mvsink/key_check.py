@@ -39,18 +39,16 @@ def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched:
     ok = desired.where(F.col(ERROR).isNull())
     key_errors = desired.where(F.col(ERROR).isNotNull() & _all_not_null(keys))
 
-    # The times at which some touched key's rows change: the error state can only change there.
-    points = ok.select(*keys, F.col(TIME).alias(_POINT)).distinct()
-    rows_at = (
-        points.hint("shuffle_hash").join(ok, on=keys)
-        .where(F.col(TIME) <= F.col(_POINT))
-        .groupBy(*keys, _POINT, *[c for c in user if c not in keys])
-        .agg(F.sum(DIFF).alias("_mv_n"))
-        .where(F.col("_mv_n") > 0)
-        .groupBy(*keys, _POINT)
-        .agg(F.sum("_mv_n").alias("_mv_n"))
+    # A key's row count at time t is the running sum of its diffs up to t (a collection has no
+    # negative multiplicities), so one window over (key, time) gives the count at every time
+    # where it can change, without joining updates to times.
+    by_time = Window.partitionBy(*keys).orderBy(_POINT)
+    counts = (
+        ok.groupBy(*keys, F.col(TIME).alias(_POINT)).agg(F.sum(DIFF).alias("_mv_n"))
+        .select(*keys, _POINT, F.sum("_mv_n").over(by_time.rowsBetween(Window.unboundedPreceding, 0))
+                .alias("_mv_n"))
     )
-    state = points.join(rows_at.hint("shuffle_hash"), on=[*keys, _POINT], how="left").select(
+    state = counts.select(
         *keys, _POINT,
         F.when(F.col("_mv_n") > 1, F.concat(
             F.lit("duplicate key "), F.to_json(F.struct(*keys)), F.lit(": "),
@@ -58,7 +56,7 @@ def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched:
         )).alias(ERROR),
     )
     # State changes as updates: +message at a point, -previous message at the same point.
-    previous = F.lag(ERROR).over(Window.partitionBy(*keys).orderBy(_POINT))
+    previous = F.lag(ERROR).over(by_time)
     changes = state.select(*keys, _POINT, F.col(ERROR).alias("_mv_now"), previous.alias("_mv_before"))
     asserted = changes.where(F.col("_mv_now").isNotNull() & ~F.col("_mv_now").eqNullSafe(F.col("_mv_before")))
     retracted = changes.where(F.col("_mv_before").isNotNull() & ~F.col("_mv_before").eqNullSafe(F.col("_mv_now")))

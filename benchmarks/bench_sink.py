@@ -1,0 +1,156 @@
+"""mvsink against a foreachBatch with Delta MERGE, on the same workload in the same run.
+
+Workload: a source Delta table of ``--rows`` rows (change data feed on); each of ``--versions``
+source versions updates ``--change-fraction`` of its rows (1% by default). The view is the source
+keyed by ``id``.
+
+* mvsink: a :class:`MaterializedView` over the source's change feed. Per version, the time from
+  the source commit until the view is caught up (one step writes the version, the next reads its
+  own commit back).
+* MERGE: what a user would write without mvsink: the version's change feed applied to a copy of
+  the source by ``DeltaTable.merge`` on the key (delete / update / insert), the body of a
+  ``foreachBatch`` over the change feed. Per version, the time of that function.
+
+Both run in one Spark session, one after the other for each version, on the same source commit;
+stream trigger overheads are left out for both. At the end both targets are compared row for row
+(through an order-independent hash), so neither is measured doing the wrong thing.
+
+Run: ``python benchmarks/bench_sink.py [--rows 1000000] [--versions 20]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def machine() -> str:
+    cpu = "unknown cpu"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
+    import deltalake
+    import pyspark
+
+    from mvsink.spark import DELTA_VERSION
+
+    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, {platform.system()} {platform.release()}; "
+            f"Python {platform.python_version()}, {java}, pyspark {pyspark.__version__}, "
+            f"delta-spark {DELTA_VERSION}, deltalake {deltalake.__version__}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--versions", type=int, default=20)
+    parser.add_argument("--change-fraction", type=float, default=0.01)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    workdir = args.workdir or tempfile.mkdtemp(prefix="mvsink-bench-")
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    source, view_target, merge_target = (os.path.join(workdir, n) for n in ("source", "view", "merge"))
+
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from mvsink import ChangesInput, MaterializedView, ViewDefinition
+    from mvsink.spark import spark_session
+
+    spark = spark_session("mvsink-bench")
+    modulus = int(round(1 / args.change_fraction))
+    print(f"building a {args.rows:,}-row source in {workdir} ...", flush=True)
+    (spark.range(args.rows)
+     .select("id", F.concat(F.lit("customer-"), (F.col("id") % 5000).cast("string")).alias("customer"),
+             (F.col("id") % 997).alias("amount"), F.sha1(F.col("id").cast("string")).alias("note"))
+     .write.format("delta").option("delta.enableChangeDataFeed", "true")
+     .option("delta.enableDeletionVectors", "false").save(source))
+
+    view = MaterializedView(spark, ViewDefinition("bench", view_target, ChangesInput(source), key=("id",),
+                                                  replica_id="bench"))
+    started = time.monotonic()
+    view.run_until_caught_up()
+    mvsink_hydration = time.monotonic() - started
+    started = time.monotonic()
+    spark.read.format("delta").option("versionAsOf", 0).load(source).write.format("delta").save(merge_target)
+    merge_hydration = time.monotonic() - started
+    merge_table = DeltaTable.forPath(spark, merge_target)
+    columns = ["id", "customer", "amount", "note"]
+
+    def merge_batch(changes, _batch_id):
+        """The foreachBatch body a user would write: apply the change feed with MERGE."""
+        latest = changes.where(F.col("_change_type") != "update_preimage")
+        (merge_table.alias("t").merge(latest.alias("s"), "t.id = s.id")
+         .whenMatchedDelete(condition="s._change_type = 'delete'")
+         .whenMatchedUpdate(set={c: f"s.{c}" for c in columns})
+         .whenNotMatchedInsert(condition="s._change_type != 'delete'", values={c: f"s.{c}" for c in columns})
+         .execute())
+
+    mvsink_times, merge_times, updates, changed = [], [], [], []
+    for i in range(1, args.versions + 1):
+        spark.sql(f"UPDATE delta.`{source}` SET amount = amount + {i} "
+                  f"WHERE pmod(hash(id, {i}), {modulus}) = 0")
+        version = i
+        started = time.monotonic()
+        report = view.run_until_caught_up()
+        mvsink_times.append(time.monotonic() - started)
+        assert report.upper == version + 1
+        started = time.monotonic()
+        feed = (spark.read.format("delta").option("readChangeFeed", "true")
+                .option("startingVersion", version).option("endingVersion", version).load(source))
+        merge_batch(feed, version)
+        merge_times.append(time.monotonic() - started)
+        written = spark.read.format("delta").load(view_target).where(F.col("_mv_time") == version).count()
+        updates.append(written)
+        changed.append(written // 2)
+        print(f"version {version:3d}: {changed[-1]:,} rows changed, mvsink {mvsink_times[-1]:.2f}s "
+              f"({written:,} updates), MERGE {merge_times[-1]:.2f}s", flush=True)
+
+    from mvsink.read import read_view
+
+    def fingerprint(df):
+        return df.select(F.sum(F.pmod(F.xxhash64(*columns), F.lit(2**31 - 1))).alias("h"),
+                         F.count("*").alias("n")).first()
+
+    same = fingerprint(read_view(spark, view_target, "bench")) == fingerprint(
+        spark.read.format("delta").load(merge_target))
+
+    def line(name, times, rows):
+        return (f"{name:7} p50 {percentile(times, 0.5):6.2f}s  p95 {percentile(times, 0.95):6.2f}s  "
+                f"mean {statistics.mean(times):6.2f}s  {sum(rows) / sum(times):9,.0f} rows changed/s")
+
+    print("\n=== mvsink vs foreachBatch + MERGE ===")
+    print(f"machine: {machine()}")
+    print(f"workload: {args.rows:,}-row view, {args.versions} source versions, each updating "
+          f"{args.change_fraction:.0%} of the rows (about {statistics.mean(changed):,.0f})")
+    print(f"initial load: mvsink {mvsink_hydration:.1f}s, MERGE target copy {merge_hydration:.1f}s")
+    print(line("mvsink", mvsink_times, changed)
+          + f"  {sum(updates) / sum(mvsink_times):9,.0f} updates committed/s")
+    print(line("MERGE", merge_times, changed))
+    print(f"ratio (MERGE / mvsink): p50 {percentile(merge_times, 0.5) / percentile(mvsink_times, 0.5):.2f}x, "
+          f"p95 {percentile(merge_times, 0.95) / percentile(mvsink_times, 0.95):.2f}x")
+    print(f"final contents identical: {same}")
+    spark.stop()
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
