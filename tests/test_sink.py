@@ -94,3 +94,25 @@ def test_snapshot_view_of_an_aggregate_equals_the_query_at_every_version(spark, 
     result = check_table(tgt, "counts", ["v", "n", "total"], expected)
     assert result.ok, result.problems
     assert {tuple(r) for r in read_view(spark, tgt, "counts").collect()} == {("x", 1, 3), ("y", 3, 7)}
+
+
+def test_a_step_that_fails_midway_loses_nothing(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a")])
+    mv = MaterializedView(spark, ViewDefinition("flaky", tgt, ChangesInput(src), key=("id",), replica_id="r1"))
+    mv.run_until_caught_up()
+    insert(spark, src, [(2, "b")])
+    spark.sql(f"UPDATE delta.`{src}` SET v = 'aa' WHERE id = 1")
+    real_apply = mv.correction.apply
+
+    def fail_once(*args, **kwargs):
+        mv.correction.apply = real_apply
+        raise OSError("injected: executor lost")
+
+    mv.correction.apply = fail_once  # the failure strikes after the input was read
+    with pytest.raises(OSError, match="injected"):
+        mv.step()
+    mv.run_until_caught_up()
+    result = check_table(tgt, "flaky", ["id", "v"], expected_from_source(src, ["id", "v"]))
+    assert result.ok, result.problems
+    assert {tuple(r) for r in read_view(spark, tgt, "flaky").collect()} == {(1, "aa"), (2, "b")}

@@ -70,8 +70,11 @@ class StepReport:
 
 
 class MaterializedView:
-    def __init__(self, spark: SparkSession, view: ViewDefinition, orphan_grace_seconds: float = 3600.0):
+    def __init__(self, spark: SparkSession, view: ViewDefinition, orphan_grace_seconds: float = 3600.0,
+                 max_consecutive_failures: int = 3):
         self.spark = spark
+        self.max_consecutive_failures = max_consecutive_failures
+        self._failures = 0
         self.view = view
         self.orphan_grace_seconds = orphan_grace_seconds
         self.desired = desired_for(spark, view)
@@ -98,8 +101,24 @@ class MaterializedView:
         self.minter.allow_writes()
 
     def foreach_batch(self, _batch: DataFrame, batch_id: int) -> None:
-        """For ``writeStream.foreachBatch``: run one step (the micro-batch only triggers it)."""
-        report = self.step()
+        """For ``writeStream.foreachBatch``: run one step (the micro-batch only triggers it).
+
+        A failed step is retried at the next trigger (its state was reset, see :meth:`step`);
+        after ``max_consecutive_failures`` in a row, or on a configuration error, the error
+        propagates and stops the query.
+        """
+        try:
+            report = self.step()
+        except ConfigError:
+            raise
+        except Exception:
+            self._failures += 1
+            if self._failures >= self.max_consecutive_failures:
+                raise
+            log.exception("batch %d failed (%d in a row); retrying at the next trigger", batch_id,
+                          self._failures)
+            return
+        self._failures = 0
         log.info("batch %d: %s", batch_id, report)
 
     def _table_upper(self) -> int:
@@ -124,9 +143,13 @@ class MaterializedView:
             )
         try:
             persisted = self._reconcile(source_latest)
-        except ReadBackError as exc:
-            log.warning("read-back cannot follow the table (%s); rehydrating", exc)
+        except Exception as exc:
+            # The buffer may have missed what the failed reconcile consumed: start over from the
+            # table and the source, as a restarted replica would.
             self._forget()
+            if not isinstance(exc, ReadBackError):
+                raise
+            log.warning("read-back cannot follow the table (%s); rehydrating", exc)
             persisted = self._reconcile(source_latest)
         report = StepReport(persisted.version, persisted.upper, self.desired_frontier,
                             self.correction.count())
