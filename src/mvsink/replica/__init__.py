@@ -1,0 +1,1 @@
+"""Running a view as a replica process: the stand-alone job (``job.py``) behind ``mvsink_job.py``."""
