@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -104,6 +105,8 @@ def spark_session(app_name: str = "mvsink", extra_conf: dict[str, str] | None = 
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
         "spark.driver.memory": "2g",
         "spark.sql.session.timeZone": "UTC",
+        # Python workers run this interpreter (its packages), not whatever python3 is on PATH.
+        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
     }
     conf.update(extra_conf or {})
     builder = SparkSession.builder.appName(app_name)
