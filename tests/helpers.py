@@ -96,3 +96,252 @@ def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "cond
                                      + replica.logs()[-4000:])
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+# -- S3: a real HTTP S3 server (moto) with injectable faults -------------------------------------
+
+S3_BUCKET = "mvsink-test"
+
+
+class S3Faults:
+    """WSGI middleware around moto's S3 app: injects faults into matching requests.
+
+    Rules are set over HTTP (``POST /_faults`` with a JSON list; ``GET /_faults`` returns the rules
+    with how often each fired; ``DELETE /_faults`` clears them). A rule matches a request by
+    ``method``, a regular expression ``path`` (searched in the path plus query string) and
+    optionally a ``header`` the request must carry; it skips the first ``after`` matches and then
+    fires on the next ``times`` matches with its ``fault`` (with ``after_rule: i``, only once rule
+    ``i`` has fired):
+
+    * ``500``, ``503``, ``throttle`` (503 SlowDown): answer with that error, moto never sees it;
+    * ``slow``: sleep ``delay`` seconds, then serve the request;
+    * ``lost-reply``: serve the request (it takes effect), then answer 500 as if the reply was lost.
+
+    Every request reaches moto under one lock: moto checks ``If-None-Match`` / ``If-Match`` and then
+    writes, which real S3 does atomically; the lock gives moto the same guarantee.
+    """
+
+    def __init__(self, app):
+        import threading
+
+        self.app = app
+        self.lock = threading.Lock()
+        self.rules: list[dict] = []
+
+    def __call__(self, environ, start_response):
+        import io
+        import json
+        import re
+
+        path = environ.get("PATH_INFO", "")
+        if path == "/_faults":
+            return self._control(environ, start_response)
+        # Read the whole body first, so that an error answer leaves the connection clean.
+        length = environ.get("CONTENT_LENGTH")
+        body = environ["wsgi.input"].read(int(length)) if length else (
+            environ["wsgi.input"].read() if environ.get("wsgi.input_terminated") else b"")
+        environ["wsgi.input"] = io.BytesIO(body)
+        method = environ.get("REQUEST_METHOD", "")
+        target = path + ("?" + environ["QUERY_STRING"] if environ.get("QUERY_STRING") else "")
+        fault = None
+        with self.lock:
+            for rule in self.rules:
+                if rule.get("method", method) != method or not re.search(rule.get("path", ""), target):
+                    continue
+                header = rule.get("header")
+                if header and "HTTP_" + header.upper().replace("-", "_") not in environ:
+                    continue
+                if "after_rule" in rule and not self.rules[rule["after_rule"]]["fired"]:
+                    continue
+                rule["matched"] += 1
+                if rule["matched"] > rule.get("after", 0) and rule["fired"] < rule.get("times", 1):
+                    rule["fired"] += 1
+                    rule.setdefault("fired_on", []).append(f"{method} {target}")
+                    fault = rule
+                    break
+        kind = fault["fault"] if fault else None
+        if kind in ("500", "503", "throttle"):
+            code, status = ("SlowDown", "503 Slow Down") if kind == "throttle" else (
+                ("InternalError", "500 Internal Server Error") if kind == "500"
+                else ("ServiceUnavailable", "503 Service Unavailable"))
+            return self._error(start_response, status, code)
+        if kind == "slow":
+            import time
+
+            time.sleep(float(fault.get("delay", 2.0)))
+        with self.lock:
+            captured = {}
+
+            def capture(status, headers, exc_info=None):
+                captured["status"], captured["headers"] = status, headers
+                return lambda data: captured.setdefault("extra", []).append(data)
+
+            result = self.app(environ, capture)
+            try:
+                data = b"".join(captured.get("extra", [])) + b"".join(result)
+            finally:
+                if hasattr(result, "close"):
+                    result.close()
+        if kind == "lost-reply":
+            return self._error(start_response, "500 Internal Server Error", "InternalError")
+        start_response(captured["status"], captured["headers"])
+        return [data]
+
+    @staticmethod
+    def _error(start_response, status, code):
+        body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                f"<Message>injected by the test server</Message></Error>").encode()
+        start_response(status, [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    def _control(self, environ, start_response):
+        import json
+
+        method = environ["REQUEST_METHOD"]
+        with self.lock:
+            if method == "POST":
+                length = int(environ.get("CONTENT_LENGTH") or 0)
+                rules = json.loads(environ["wsgi.input"].read(length))
+                self.rules = [{**r, "matched": 0, "fired": 0} for r in rules]
+            elif method == "DELETE":
+                self.rules = []
+            body = json.dumps(self.rules).encode()
+        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+        return [body]
+
+
+def serve_s3(port_file: str) -> None:
+    """Run moto's S3 (wrapped in :class:`S3Faults`) on a free 127.0.0.1 port until killed."""
+    from moto.moto_server.werkzeug_app import (DomainDispatcherApplication, MotoRequestHandler,
+                                               create_backend_app)
+    from werkzeug.serving import make_server
+
+    app = S3Faults(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
+    tmp = port_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(str(server.server_address[1]))
+    os.replace(tmp, port_file)
+    server.serve_forever()
+
+
+class S3Server:
+    """The moto S3 server as a separate process, and the environment that points clients at it."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.proc: subprocess.Popen | None = None
+        self.endpoint = ""
+
+    def start(self) -> "S3Server":
+        port_file = self.workdir / "s3.port"
+        log = open(self.workdir / "s3-server.log", "w")
+        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                f"import helpers; helpers.serve_s3({str(port_file)!r})")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the S3 server did not start:\n" + (self.workdir / "s3-server.log").read_text())
+            time.sleep(0.1)
+        self.endpoint = f"http://127.0.0.1:{port_file.read_text()}"
+        return self
+
+    def env(self) -> dict[str, str]:
+        return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": self.endpoint, "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def create_bucket(self, name: str = S3_BUCKET) -> str:
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                     aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket=name)
+        return name
+
+    def faults(self, rules: list[dict] | None = None) -> list[dict]:
+        """Set the fault rules (None: only read them); returns the rules with their counts."""
+        import json
+        import urllib.request
+
+        if rules is None:
+            request = urllib.request.Request(self.endpoint + "/_faults")
+        else:
+            request = urllib.request.Request(self.endpoint + "/_faults", data=json.dumps(rules).encode(),
+                                             method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def s3_server_fixture(tmp_path_factory):
+    """Body of the ``s3`` fixtures of the S3 tests: a started server, its env set in os.environ."""
+    server = S3Server(tmp_path_factory.mktemp("s3")).start()
+    saved = {k: os.environ.get(k) for k in server.env()}
+    os.environ.update(server.env())
+    server.create_bucket()
+    try:
+        yield server
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def stage_row(target: str, name: str, proc: int, lower: int):
+    """Stage a one-row file for `[lower, lower + 1)` in ``target`` through pyarrow (S3 or local)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mvsink import storage
+    from mvsink.mint import Description
+    from mvsink.write import StagedBatch, StagedFile
+    from mvsink.write.stats import FileStats
+
+    schema = row_schema()
+    batch = pa.RecordBatch.from_pylist(
+        [{"proc": proc, "round": lower, "_mv_error": None, "_mv_time": lower, "_mv_diff": 1}], schema=schema)
+    buffer = io.BytesIO()
+    pq.write_table(pa.Table.from_batches([batch]), buffer)
+    fs, root = storage.filesystem(target)
+
+    def put():
+        with fs.open_output_stream(storage.join(root, name)) as f:
+            f.write(buffer.getvalue())
+
+    storage.retrying(f"staging {name}", put)
+    stats = FileStats(schema)
+    stats.add(batch)
+    return StagedBatch(Description(lower, lower + 1), target,
+                       [StagedFile(name, len(buffer.getvalue()), 1, stats.to_json())])
+
+
+def row_schema():
+    import pyarrow as pa
+
+    return pa.schema([("proc", pa.int64()), ("round", pa.int64()), ("_mv_error", pa.string()),
+                      ("_mv_time", pa.int64()), ("_mv_diff", pa.int64())])
+
+
+def list_files(target: str, prefix: str = "") -> set[str]:
+    """Names of the files directly in ``target``'s directory (on S3: under its prefix)."""
+    from pyarrow.fs import FileSelector, FileType
+
+    from mvsink import storage
+
+    fs, root = storage.filesystem(target)
+    return {i.base_name for i in fs.get_file_info(FileSelector(root, allow_not_found=True))
+            if i.type == FileType.File and i.base_name.startswith(prefix)}

@@ -23,7 +23,9 @@ Row = tuple
 
 
 def table_at(uri: str, version: int | None = None) -> DeltaTable:
-    return DeltaTable(storage.delta_uri(uri), version=version, storage_options=storage.storage_options(uri))
+    """The table at ``uri`` (local, ``s3://`` or ``s3a://``) at ``version``, retried on S3 hiccups."""
+    return storage.retrying(f"loading {uri}", DeltaTable, storage.delta_uri(uri), version=version,
+                            storage_options=storage.storage_options(uri))
 
 
 def source_rows(source: str, version: int, columns: list[str]) -> Counter:

@@ -9,6 +9,10 @@ adds them). This removes mvsink-staged files of the view that
 
 Never a file that a commit references: the referenced set is read after listing the directory,
 so a file committed in between is seen as referenced.
+
+The same on S3: pyarrow lists the table's prefix (object ``LastModified`` is the mtime), object
+store calls are retried on transient errors, and a failed cleanup only logs: it is tried again
+later and never fails a step.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ log = logging.getLogger(__name__)
 
 def referenced_files(shard: Shard) -> set[str]:
     """Every data file the log refers to: the snapshot's files and all retained adds/removes."""
+    return storage.retrying(f"reading the log of {shard.target}", _referenced_files, shard)
+
+
+def _referenced_files(shard: Shard) -> set[str]:
     table = shard.table()
     files = set(table.get_add_actions(flatten=True).column("path").to_pylist())
     fs, root = storage.filesystem(shard.target)
@@ -46,10 +54,18 @@ def referenced_files(shard: Shard) -> set[str]:
 
 def clean_orphans(shard: Shard, grace_seconds: float) -> int:
     """Delete this view's unreferenced staged files older than ``grace_seconds``; how many."""
+    try:
+        return _clean_orphans(shard, grace_seconds)
+    except storage.StorageUnavailable as exc:
+        log.warning("cleanup of %s skipped, the object store kept failing: %s", shard.target, exc)
+        return 0
+
+
+def _clean_orphans(shard: Shard, grace_seconds: float) -> int:
     fs, root = storage.filesystem(shard.target)
     prefix = f"{STAGED_PREFIX}{shard.view_id}-"
     try:
-        infos = fs.get_file_info(FileSelector(root))
+        infos = storage.retrying(f"listing {shard.target}", fs.get_file_info, FileSelector(root))
     except FileNotFoundError:
         return 0
     now = time.time()
@@ -63,7 +79,10 @@ def clean_orphans(shard: Shard, grace_seconds: float) -> int:
     referenced = referenced_files(shard)
     orphans = [i for i in candidates if i.base_name not in referenced]
     for info in orphans:
-        fs.delete_file(info.path)
+        try:
+            storage.retrying(f"deleting orphan {info.base_name}", fs.delete_file, info.path)
+        except FileNotFoundError:
+            pass  # another replica cleaned it up
     if orphans:
         log.info("deleted %d orphaned staged files of view %s", len(orphans), shard.view_id)
     return len(orphans)

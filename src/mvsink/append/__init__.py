@@ -19,14 +19,23 @@ Outcomes:
 * the upper is past `lower` (another replica won): delete the staged files and report the upper;
   the winner's updates reach the correction buffer through read-back.
 
-Every commit records in its commit info: view, replica, lower, upper, why it was made, and which
-foreign commits it repairs.
+Every commit records in its commit info: view, replica, lower, upper, why it was made, which
+foreign commits it repairs, and a unique id of the commit attempt (``mvsink.commit``).
+
+On object stores a request can fail transiently, and a commit can land while its reply is lost:
+the client then sees an error (or, retrying the conditional PUT, a conflict with itself). So a
+failed attempt is never taken at its word: the log is read again, and if the txn has moved past
+`lower` by a commit carrying one of this append's attempt ids, the append *did* land and is
+reported as appended; its files are kept. Transient errors are retried with bounded backoff
+(:func:`mvsink.storage.retrying`); once the attempts are used up the append raises
+:class:`AppendError` and keeps the staged files (a later read-back or cleanup settles them).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
@@ -46,6 +55,7 @@ META_LOWER = "mvsink.lower"
 META_UPPER = "mvsink.upper"
 META_REASON = "mvsink.reason"
 META_REPAIRS = "mvsink.repairs"
+META_COMMIT = "mvsink.commit"
 
 REASON_CORRECTION = "correction"
 REASON_REPAIR = "repair"
@@ -53,6 +63,10 @@ REASON_PROGRESS = "progress"
 REASON_ADVANCE_UPPER = "advance-upper"
 
 _MAX_FOREIGN_CONFLICTS = 20
+
+
+class AppendError(RuntimeError):
+    """An append could not be completed (the object store kept failing, or conflicts never ended)."""
 
 
 @dataclass(frozen=True)
@@ -72,8 +86,10 @@ class Shard:
         self.replica_id = replica_id
 
     def table(self, version: int | None = None) -> DeltaTable:
-        return DeltaTable(storage.delta_uri(self.target), version=version,
-                          storage_options=storage.storage_options(self.target))
+        """The table (latest or at ``version``), loaded with retries on transient errors."""
+        return storage.retrying(
+            f"loading {self.target}", DeltaTable, storage.delta_uri(self.target), version=version,
+            storage_options=storage.storage_options(self.target))
 
     def upper_of(self, table: DeltaTable) -> int:
         return table.transaction_version(self.app_id) or 0
@@ -81,9 +97,25 @@ class Shard:
     def upper(self) -> int:
         return self.upper_of(self.table())
 
+    def landed(self, table: DeltaTable, since_version: int, commit_ids: set[str]) -> int | None:
+        """The version after ``since_version`` of a commit carrying one of ``commit_ids``, if any."""
+        if not commit_ids or table.version() <= since_version:
+            return None
+        history = storage.retrying(f"reading the history of {self.target}", table.history,
+                                   table.version() - since_version)
+        for info in history:
+            if info.get(META_COMMIT) in commit_ids and info.get("version", since_version + 1) > since_version:
+                return info.get("version")
+        return None
+
     def commit(self, table: DeltaTable, lower: int, upper: int, reason: str,
-               files: list | None = None, repairs: list[int] | None = None) -> None:
-        """One commit based on ``table``'s snapshot moving the txn from `lower` to `upper`."""
+               files: list | None = None, repairs: list[int] | None = None,
+               commit_id: str | None = None) -> str:
+        """One commit based on ``table``'s snapshot moving the txn from `lower` to `upper`.
+
+        Returns the commit's id (``mvsink.commit`` in its commit info).
+        """
+        commit_id = commit_id or uuid.uuid4().hex
         now = int(time.time() * 1000)
         actions = [
             AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now,
@@ -93,6 +125,7 @@ class Shard:
         metadata = {
             META_VIEW: self.view_id, META_REPLICA: self.replica_id, META_LOWER: lower,
             META_UPPER: upper, META_REASON: reason, META_REPAIRS: sorted(repairs or []),
+            META_COMMIT: commit_id,
         }
         table.create_write_transaction(
             actions, mode="append", schema=table.schema(),
@@ -101,6 +134,7 @@ class Shard:
                 app_transactions=[Transaction(app_id=self.app_id, version=upper, last_updated=now)],
             ),
         )
+        return commit_id
 
 
 def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | None,
@@ -108,10 +142,21 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
     """Commit ``batch`` (None: no data, only progress) as `[lower, upper)`; see the module doc."""
     files = batch.files if batch else []
     foreign_conflicts = 0
+    transient_failures = 0
+    #: Ids of this append's commit attempts, and the table version the first was based on: a
+    #: commit carrying one of these ids after that version is this append, landed.
+    attempt_ids: set[str] = set()
+    based_on: int | None = None
     while True:
-        table = shard.table()
-        current = shard.upper_of(table)
         try:
+            table = shard.table()
+            current = shard.upper_of(table)
+            if current > desc.lower and attempt_ids:
+                version = shard.landed(table, based_on, attempt_ids)
+                if version is not None:
+                    log.warning("appended %s at version %d: the commit landed though its reply was "
+                                "lost", desc, version)
+                    return AppendResult(True, desc.upper)
             if current < desc.lower:
                 log.info("upper %d is behind %s: advancing it first", current, desc)
                 shard.commit(table, current, desc.lower, REASON_ADVANCE_UPPER)
@@ -119,19 +164,54 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
             if current > desc.lower:
                 break
             failpoints.hit("before-commit")
-            shard.commit(table, desc.lower, desc.upper, reason, files, repairs)
+            commit_id = uuid.uuid4().hex
+            attempt_ids.add(commit_id)
+            based_on = table.version() if based_on is None else based_on
+            shard.commit(table, desc.lower, desc.upper, reason, files, repairs, commit_id)
             failpoints.hit("after-commit")
             log.info("appended %s: %d files, %d updates (%s)", desc, len(files),
                      batch.num_records if batch else 0, reason)
             return AppendResult(True, desc.upper)
         except CommitFailedError as exc:
-            # A commit landed after our snapshot: either another replica moved the upper (the
-            # next loop sees it and gives up) or a foreign writer conflicted (retry, bounded).
+            # A commit landed after our snapshot: another replica moved the upper, our own attempt
+            # landed and its reply was lost (the next loop finds either), or a foreign writer
+            # conflicted (retry, bounded).
             foreign_conflicts += 1
             if foreign_conflicts > _MAX_FOREIGN_CONFLICTS:
-                raise RuntimeError(f"append of {desc} kept conflicting: {exc}") from exc
+                raise AppendError(f"append of {_span(desc)} to {shard.target} kept conflicting: {exc}") from exc
             log.debug("commit of %s conflicted (%s); re-reading the upper", desc, exc)
+        except storage.StorageUnavailable as exc:
+            raise AppendError(
+                f"append of {_span(desc)} to {shard.target} failed, the object store kept failing: "
+                f"{storage.describe(exc)}; "
+                f"nothing committed is lost, the staged files are kept until a read-back or cleanup "
+                f"settles them") from exc
+        except Exception as exc:
+            if not storage.is_transient(exc):
+                raise
+            transient_failures += 1
+            if transient_failures >= storage.attempts():
+                raise AppendError(
+                    f"append of {_span(desc)} to {shard.target} failed after {transient_failures} "
+                    f"attempts, the object store kept failing: {storage.describe(exc)}; nothing "
+                    f"committed is lost, the staged "
+                    f"files are kept until a read-back or cleanup settles them") from exc
+            wait = storage.backoff()(_RetryState(transient_failures))
+            log.warning("append of %s failed (attempt %d of %d), retrying in %.1fs: %s", _span(desc),
+                        transient_failures, storage.attempts(), wait, storage.describe(exc))
+            time.sleep(wait)
     log.info("lost %s: the upper is already %d", desc, current)
     if batch:
         batch.delete()
     return AppendResult(False, current)
+
+
+def _span(desc: Description) -> str:
+    return f"[{desc.lower}, {desc.upper})"
+
+
+class _RetryState:
+    """The little of tenacity's retry state its wait strategies read."""
+
+    def __init__(self, attempt_number: int):
+        self.attempt_number = attempt_number

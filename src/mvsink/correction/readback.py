@@ -93,7 +93,9 @@ class ReadBack:
         if self.version < 0:
             return [], []
         foreign, repaired = [], []
-        for info in table.history(version - self.version):
+        history = storage.retrying(f"reading the history of {self.shard.target}", table.history,
+                                   version - self.version)
+        for info in history:
             v = info.get("version")
             if v is None or v <= self.version:
                 continue

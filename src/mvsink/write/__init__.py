@@ -16,11 +16,15 @@ Invariants: an empty correction stages nothing; every staged file holds only tim
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -68,10 +72,19 @@ class StagedBatch:
         fs, root = storage.filesystem(self.target)
         for f in self.files:
             try:
-                fs.delete_file(storage.join(root, f.path))
-            except FileNotFoundError:
-                pass
+                storage.retrying(f"deleting staged file {f.path}", _delete_if_exists, fs,
+                                 storage.join(root, f.path))
+            except storage.StorageUnavailable as exc:
+                # Not committed by anyone: cleanup deletes it once it is older than the grace.
+                log.warning("could not delete staged file %s, left for cleanup: %s", f.path, exc)
         log.info("deleted %d staged files of %s", len(self.files), self.desc)
+
+
+def _delete_if_exists(fs, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass
 
 
 def staged_prefix(view_id: str, desc: Description, replica_id: str) -> str:
@@ -112,25 +125,39 @@ def _partition_writer(target: str, prefix: str):
         name = f"{prefix}-{context.partitionId():05d}-{context.attemptNumber()}.parquet"
         fs, root = storage.filesystem(target)
         path = storage.join(root, name)
+        remote = storage.is_s3(target)
+        local_dir = tempfile.mkdtemp(prefix="mvsink-stage-") if remote else None
+        # On an object store the file is written locally first and then uploaded, so that an
+        # upload failing transiently can be tried again (the rows stream by only once).
+        out_fs, out_path = (pafs.LocalFileSystem(), os.path.join(local_dir, name)) if remote else (fs, path)
         writer = None
         stats = None
         sink = None
         try:
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                if writer is None:
-                    sink = fs.open_output_stream(path)
-                    writer = pq.ParquetWriter(sink, batch.schema, compression="snappy")
-                    stats = FileStats(batch.schema)
-                writer.write_batch(batch)
-                stats.add(batch)
-        finally:
+            try:
+                for batch in batches:
+                    if batch.num_rows == 0:
+                        continue
+                    if writer is None:
+                        sink = out_fs.open_output_stream(out_path)
+                        writer = pq.ParquetWriter(sink, batch.schema, compression="snappy")
+                        stats = FileStats(batch.schema)
+                    writer.write_batch(batch)
+                    stats.add(batch)
+            finally:
+                if writer is not None:
+                    writer.close()
+                    sink.close()
             if writer is not None:
-                writer.close()
-                sink.close()
+                if remote:
+                    size = os.path.getsize(out_path)
+                    storage.retrying(f"uploading staged file {name}", _upload, out_path, fs, path)
+                else:
+                    size = fs.get_file_info(path).size
+        finally:
+            if local_dir is not None:
+                shutil.rmtree(local_dir, ignore_errors=True)
         if writer is not None:
-            size = fs.get_file_info(path).size
             yield pa.RecordBatch.from_pydict(
                 {"path": [name], "size": [size], "num_records": [stats.num_records],
                  "stats": [stats.to_json()]},
@@ -139,3 +166,8 @@ def _partition_writer(target: str, prefix: str):
             )
 
     return write_partition
+
+
+def _upload(local_path: str, fs, path: str) -> None:
+    with open(local_path, "rb") as source, fs.open_output_stream(path) as sink:
+        shutil.copyfileobj(source, sink, 8 << 20)
