@@ -105,10 +105,10 @@ def spark_session(app_name: str = "mvsink", extra_conf: dict[str, str] | None = 
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
         "spark.driver.memory": "2g",
         "spark.sql.session.timeZone": "UTC",
-        # Python workers run this interpreter (its packages), not whatever python3 is on PATH.
-        "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
     }
     conf.update(extra_conf or {})
+    # Python workers run this interpreter (with its packages), not whatever python3 is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     launched_by_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if not launched_by_spark_submit and "spark.master" not in conf:
