@@ -141,3 +141,43 @@ def test_a_lost_reply_then_an_outage_fails_clearly_and_keeps_the_landed_commit(s
     assert upper == 2 and [c[:2] for c in commits] == [(0, 1), (1, 2)], "landed once"
     assert rows == [(0, 0), (1, 0)]
     assert files <= list_files(table), "nothing the landed commit references was deleted"
+
+
+STAGE = """
+import json, sys
+from mvsink.mint import Description
+from mvsink.spark import spark_session
+from mvsink.write import stage
+spark = spark_session("stage-faults")
+rows = spark.createDataFrame([(i, None, 0, 1) for i in range(20)],
+                             "id BIGINT, _mv_error STRING, _mv_time BIGINT, _mv_diff BIGINT").repartition(2)
+batch = stage(rows, Description(0, 1), sys.argv[1], "faulty", "r0")
+print("FILES " + json.dumps([[f.path, f.size, f.num_records] for f in batch.files]))
+"""
+
+
+def test_spark_tasks_staging_on_s3_retry_failed_uploads(s3, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    target = f"s3://{S3_BUCKET}/staging-faults"
+    # Uploads of the staged files fail more often than pyarrow's own retries absorb.
+    rules = [{"path": "mvsink-faulty-0-1-r0", "fault": "503", "times": 4},
+             {"path": "mvsink-faulty-0-1-r0", "fault": "throttle", "times": 4}]
+    s3.faults(rules)
+    env = {**os.environ, "MVSINK_S3": "0", "MVSINK_S3_MAX_BACKOFF": "1"}  # no S3A needed: no Spark read
+    out = subprocess.run([sys.executable, "-c", STAGE, target], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    files = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("FILES "))[6:])
+    assert _fired(s3) == [4, 4], "the uploads failed as injected"
+    s3.faults([])
+    assert sum(n for _, _, n in files) == 20 and len(files) == 2
+    fs, root = storage.filesystem(target)
+    for name, size, records in files:
+        assert fs.get_file_info(f"{root}/{name}").size == size
+        assert pq.read_table(f"{root}/{name}", filesystem=fs).num_rows == records

@@ -6,6 +6,9 @@ one Parquet file per non-empty partition, straight into the target table's direc
 its Delta file statistics. Nothing is committed here; :mod:`mvsink.append` commits the files or
 deletes them. The driver receives only the file list, never the rows.
 
+On S3 each task writes its file to a local temporary file and then uploads it, retrying a failed
+upload with bounded backoff (:func:`mvsink.storage.retrying`).
+
 Staged file names start with ``mvsink-<view>-<lower>-<upper>-<replica>-<batch uuid>``, which is
 how :mod:`mvsink.cleanup` recognises files left behind by a crash.
 
