@@ -130,7 +130,6 @@ class S3Faults:
 
     def __call__(self, environ, start_response):
         import io
-        import json
         import re
 
         path = environ.get("PATH_INFO", "")
@@ -345,3 +344,36 @@ def list_files(target: str, prefix: str = "") -> set[str]:
     fs, root = storage.filesystem(target)
     return {i.base_name for i in fs.get_file_info(FileSelector(root, allow_not_found=True))
             if i.type == FileType.File and i.base_name.startswith(prefix)}
+
+
+def race_outcome(outs: list[str], rounds: int) -> tuple[dict[int, tuple[int, str]], int, int]:
+    """Read the racers' attempt logs; assert every round was attempted and won exactly once.
+
+    Returns {round: (winning process, its file)}, the number of contested rounds (tried by more
+    than one process) and the number of commit attempts.
+    """
+    import json
+    from collections import defaultdict
+
+    attempts = defaultdict(list)
+    for i, out in enumerate(outs):
+        for a in json.load(open(out)):
+            attempts[a["lower"]].append((i, a["won"], a["file"]))
+    assert sorted(attempts) == list(range(rounds)), "every round was attempted"
+    winners = {lower: [(p, f) for p, won, f in tries if won] for lower, tries in attempts.items()}
+    assert all(len(w) == 1 for w in winners.values()), {k: v for k, v in winners.items() if len(v) != 1}
+    contested = sum(1 for tries in attempts.values() if len(tries) > 1)
+    assert contested >= rounds // 2, f"only {contested} rounds were contested: the test did not race"
+    return {r: w[0] for r, w in winners.items()}, contested, sum(len(t) for t in attempts.values())
+
+
+def assert_race_log(table, winners: dict[int, tuple[int, str]], rounds: int) -> list[dict]:
+    """The log holds one commit per round, each from the round's winner, starting where the
+    previous one ended, and exactly the winners' rows. Returns the commits' infos."""
+    assert table.transaction_version("mvsink:race") == rounds
+    commits = [h for h in reversed(table.history()) if h.get("mvsink.view") == "race"]
+    assert [(h["mvsink.lower"], h["mvsink.upper"]) for h in commits] == [(r, r + 1) for r in range(rounds)]
+    assert [h["mvsink.replica"] for h in commits] == [f"p{winners[r][0]}" for r in range(rounds)]
+    rows = table.to_pyarrow_table().to_pylist()
+    assert sorted((r["round"], r["proc"]) for r in rows) == [(r, winners[r][0]) for r in range(rounds)]
+    return commits

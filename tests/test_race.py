@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-from collections import Counter, defaultdict
+from collections import Counter
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
+
+from helpers import assert_race_log, race_outcome
 
 from mvsink.append import Shard, compare_and_append
 from mvsink.mint import Description
@@ -64,29 +66,12 @@ def test_processes_racing_on_one_table_have_exactly_one_winner_per_round(tmp_pat
         p.join(timeout=900)
         assert p.exitcode == 0, f"racer exited with {p.exitcode}"
 
-    attempts = defaultdict(list)
-    for i, out in enumerate(outs):
-        for a in json.load(open(out)):
-            attempts[a["lower"]].append((i, a["won"], a["file"]))
-    winners = {lower: [a for a in tries if a[1]] for lower, tries in attempts.items()}
-    assert sorted(attempts) == list(range(ROUNDS)), "every round was attempted"
-    assert all(len(w) == 1 for w in winners.values()), {k: v for k, v in winners.items() if len(v) != 1}
-    contested = sum(1 for tries in attempts.values() if len(tries) > 1)
-    assert contested >= ROUNDS // 2, f"only {contested} rounds were contested: the test did not race"
-    print(f"{PROCESSES} processes, {ROUNDS} rounds, {contested} contested, "
-          f"{sum(len(t) for t in attempts.values())} commit attempts, wins per process "
-          f"{dict(Counter(w[0][0] for w in winners.values()))}")
-
+    winners, contested, attempts = race_outcome(outs, ROUNDS)
+    print(f"{PROCESSES} processes, {ROUNDS} rounds, {contested} contested, {attempts} commit attempts, "
+          f"wins per process {dict(Counter(p for p, _ in winners.values()))}")
+    assert_race_log(DeltaTable(target), winners, ROUNDS)
     table = DeltaTable(target)
-    assert table.transaction_version("mvsink:race") == ROUNDS
-    # The log: one commit per round, each starting where the previous ended; no commit lost.
-    commits = [h for h in reversed(table.history()) if h.get("mvsink.view") == "race"]
-    assert [(h["mvsink.lower"], h["mvsink.upper"]) for h in commits] == [(r, r + 1) for r in range(ROUNDS)]
-    assert [h["mvsink.replica"] for h in commits] == [f"p{winners[r][0][0]}" for r in range(ROUNDS)]
-    # The data: exactly the winners' rows, each once; losers' files deleted from the directory.
-    rows = table.to_pyarrow_table().to_pylist()
-    assert sorted((r["round"], r["proc"]) for r in rows) == [(r, winners[r][0][0]) for r in range(ROUNDS)]
-    winning_files = {w[0][2] for w in winners.values()}
+    winning_files = {f for _, f in winners.values()}
     assert set(table.file_uris()) == {os.path.join(target, f) for f in winning_files}
     on_disk = {f for f in os.listdir(target) if f.endswith(".parquet")}
     assert on_disk == winning_files, f"leftover loser files: {sorted(on_disk - winning_files)[:5]}"

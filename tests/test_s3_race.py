@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-from collections import Counter, defaultdict
+from collections import Counter
 
 import pytest
 from deltalake import DeltaTable
 
-from helpers import S3_BUCKET, list_files, row_schema, s3_server_fixture, stage_row
+from helpers import (S3_BUCKET, assert_race_log, list_files, race_outcome, row_schema, s3_server_fixture,
+                     stage_row)
 from mvsink import storage
 from mvsink.append import META_COMMIT, Shard, compare_and_append
 
@@ -58,30 +59,13 @@ def test_processes_racing_on_one_s3_table_have_exactly_one_winner_per_round(s3, 
         p.join(timeout=1200)
         assert p.exitcode == 0, f"racer exited with {p.exitcode}"
 
-    attempts = defaultdict(list)
-    for i, out in enumerate(outs):
-        for a in json.load(open(out)):
-            attempts[a["lower"]].append((i, a["won"], a["file"]))
-    winners = {lower: [a for a in tries if a[1]] for lower, tries in attempts.items()}
-    assert sorted(attempts) == list(range(ROUNDS)), "every round was attempted"
-    assert all(len(w) == 1 for w in winners.values()), {k: v for k, v in winners.items() if len(v) != 1}
-    contested = sum(1 for tries in attempts.values() if len(tries) > 1)
-    assert contested >= ROUNDS // 2, f"only {contested} rounds were contested: the test did not race"
-    print(f"S3: {PROCESSES} processes, {ROUNDS} rounds, {contested} contested, "
-          f"{sum(len(t) for t in attempts.values())} commit attempts, wins per process "
-          f"{dict(Counter(w[0][0] for w in winners.values()))}")
-
+    winners, contested, attempts = race_outcome(outs, ROUNDS)
+    print(f"S3: {PROCESSES} processes, {ROUNDS} rounds, {contested} contested, {attempts} commit attempts, "
+          f"wins per process {dict(Counter(p for p, _ in winners.values()))}")
     table = DeltaTable(target, storage_options=storage.storage_options(target))
-    assert table.transaction_version("mvsink:race") == ROUNDS
-    # The log: one commit per round, each starting where the previous ended; no commit lost.
-    commits = [h for h in reversed(table.history()) if h.get("mvsink.view") == "race"]
-    assert [(h["mvsink.lower"], h["mvsink.upper"]) for h in commits] == [(r, r + 1) for r in range(ROUNDS)]
-    assert [h["mvsink.replica"] for h in commits] == [f"p{winners[r][0][0]}" for r in range(ROUNDS)]
+    commits = assert_race_log(table, winners, ROUNDS)
     assert len({h[META_COMMIT] for h in commits}) == ROUNDS, "every commit carries its own attempt id"
-    # The data: exactly the winners' rows, each once; losers' files deleted from the bucket.
-    rows = table.to_pyarrow_table().to_pylist()
-    assert sorted((r["round"], r["proc"]) for r in rows) == [(r, winners[r][0][0]) for r in range(ROUNDS)]
-    winning_files = {w[0][2] for w in winners.values()}
+    winning_files = {f for _, f in winners.values()}
     assert {u.rsplit("/", 1)[1] for u in table.file_uris()} == winning_files
     on_s3 = {f for f in list_files(target) if f.endswith(".parquet")}
     assert on_s3 == winning_files, f"leftover loser files: {sorted(on_s3 - winning_files)[:5]}"
