@@ -377,3 +377,20 @@ def assert_race_log(table, winners: dict[int, tuple[int, str]], rounds: int) -> 
     rows = table.to_pyarrow_table().to_pylist()
     assert sorted((r["round"], r["proc"]) for r in rows) == [(r, winners[r][0]) for r in range(rounds)]
     return commits
+
+
+def run_racers(racer, target: str, processes: int, out_dir, timeout: float) -> list[str]:
+    """Run ``racer(target, i, barrier, done, out_path)`` in ``processes`` spawned processes, all
+    passing one barrier per round; returns their attempt logs' paths."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier, done = ctx.Barrier(processes), ctx.Value("i", 0)
+    outs = [str(out_dir / f"p{i}.json") for i in range(processes)]
+    procs = [ctx.Process(target=racer, args=(target, i, barrier, done, outs[i])) for i in range(processes)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+        assert p.exitcode == 0, f"racer exited with {p.exitcode}"
+    return outs

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 from collections import Counter
 
@@ -11,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from helpers import assert_race_log, race_outcome
+from helpers import assert_race_log, race_outcome, run_racers
 
 from mvsink.append import Shard, compare_and_append
 from mvsink.mint import Description
@@ -56,15 +55,7 @@ def _racer(target: str, proc: int, barrier, done, out_path: str) -> None:
 def test_processes_racing_on_one_table_have_exactly_one_winner_per_round(tmp_path):
     target = str(tmp_path / "race")
     DeltaTable.create(target, schema=SCHEMA)
-    ctx = multiprocessing.get_context("spawn")
-    barrier, done = ctx.Barrier(PROCESSES), ctx.Value("i", 0)
-    outs = [str(tmp_path / f"p{i}.json") for i in range(PROCESSES)]
-    procs = [ctx.Process(target=_racer, args=(target, i, barrier, done, outs[i])) for i in range(PROCESSES)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=900)
-        assert p.exitcode == 0, f"racer exited with {p.exitcode}"
+    outs = run_racers(_racer, target, PROCESSES, tmp_path, timeout=900)
 
     winners, contested, attempts = race_outcome(outs, ROUNDS)
     print(f"{PROCESSES} processes, {ROUNDS} rounds, {contested} contested, {attempts} commit attempts, "

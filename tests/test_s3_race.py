@@ -4,14 +4,13 @@ through a real HTTP S3 server (moto), with conditional PUTs for the log entries.
 from __future__ import annotations
 
 import json
-import multiprocessing
 from collections import Counter
 
 import pytest
 from deltalake import DeltaTable
 
-from helpers import (S3_BUCKET, assert_race_log, list_files, race_outcome, row_schema, s3_server_fixture,
-                     stage_row)
+from helpers import (S3_BUCKET, assert_race_log, list_files, race_outcome, row_schema, run_racers,
+                     s3_server_fixture, stage_row)
 from mvsink import storage
 from mvsink.append import META_COMMIT, Shard, compare_and_append
 
@@ -49,15 +48,7 @@ def test_processes_racing_on_one_s3_table_have_exactly_one_winner_per_round(s3, 
     # default is 100: every racer would read the whole log each round).
     DeltaTable.create(target, schema=SCHEMA, storage_options=storage.storage_options(target),
                       configuration={"delta.checkpointInterval": "10"})
-    ctx = multiprocessing.get_context("spawn")
-    barrier, done = ctx.Barrier(PROCESSES), ctx.Value("i", 0)
-    outs = [str(tmp_path / f"p{i}.json") for i in range(PROCESSES)]
-    procs = [ctx.Process(target=_racer, args=(target, i, barrier, done, outs[i])) for i in range(PROCESSES)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=1200)
-        assert p.exitcode == 0, f"racer exited with {p.exitcode}"
+    outs = run_racers(_racer, target, PROCESSES, tmp_path, timeout=1200)
 
     winners, contested, attempts = race_outcome(outs, ROUNDS)
     print(f"S3: {PROCESSES} processes, {ROUNDS} rounds, {contested} contested, {attempts} commit attempts, "
