@@ -1,18 +1,22 @@
 """Reading a view: its consolidated contents at a time, its upper and since.
 
 The view at time `t` is the consolidation of the table's updates with time <= `t`. It is only
-defined for `since <= t < upper`: below ``since`` (the view's ``as_of``) the table holds nothing
-for it, and at or past the upper the view may still change. The table can also say that the view
-is *in error* at `t` (error updates); reading then raises :class:`ViewInError` unless asked for
-the ok rows anyway.
+defined for `since <= t < upper`: below ``since`` the table holds nothing for it (before the first
+write, the view's ``as_of``) or no longer tells the times apart (a compaction advanced them), and
+at or past the upper the view may still change. The table can also say that the view is *in
+error* at `t` (error updates); reading then raises :class:`ViewInError` unless asked for the ok
+rows anyway.
 """
 
 from __future__ import annotations
 
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from mvsink.append import Shard
+from mvsink import storage
+from mvsink.append import (META_LOWER, META_REASON, META_SINCE, META_VIEW, REASON_ADVANCE_UPPER,
+                           REASON_COMPACTION, Shard)
 from mvsink.inputs import latest_version, spark_uri
 from mvsink.updates import ERROR, RESERVED, contents_at, normalize
 
@@ -35,14 +39,44 @@ def view_upper(target: str, view_id: str) -> int:
 
 
 def view_since(target: str, view_id: str) -> int:
-    """The earliest readable time: the time of the first write (the view's ``as_of``)."""
+    """The earliest readable time: the latest compaction's since, else the first write's lower."""
     if latest_version(target) is None:
         return 0
-    table = _shard(target, view_id).table()
-    for info in reversed(table.history()):
-        if info.get("mvsink.view") == view_id and info.get("mvsink.reason") != "advance-upper":
-            return int(info["mvsink.lower"])
-    return view_upper(target, view_id)
+    shard = _shard(target, view_id)
+    table = shard.table()
+    since = since_of(table, view_id)
+    return shard.upper_of(table) if since is None else since
+
+
+def since_of(table: DeltaTable, view_id: str) -> int | None:
+    """The view's since in ``table``'s snapshot; None if the view has written nothing yet.
+
+    The history is read newest first and the search stops at the newest compaction: a compaction
+    needs a write before it and only ever raises the since, so its since is past the first lower.
+    delta-rs' history may also return commits newer than the snapshot; as the since only grows,
+    that at worst reports the newer since (a compaction based on the snapshot then stops or
+    conflicts).
+    """
+    first_lower = None
+    for info in _newest_first(table):
+        if info.get(META_VIEW) != view_id:
+            continue
+        if info.get(META_REASON) == REASON_COMPACTION:
+            return int(info[META_SINCE])
+        if info.get(META_REASON) != REASON_ADVANCE_UPPER:
+            first_lower = int(info[META_LOWER])
+    return first_lower
+
+
+def _newest_first(table: DeltaTable, first_chunk: int = 64):
+    """The table's commit infos, newest first, read in growing chunks."""
+    seen, limit = 0, first_chunk
+    while True:
+        infos = storage.retrying(f"reading the history of {table.table_uri}", table.history, limit)
+        yield from infos[seen:]
+        if len(infos) < limit:
+            return
+        seen, limit = len(infos), limit * 8
 
 
 def updates(spark: SparkSession, target: str, version: int | None = None) -> DataFrame:

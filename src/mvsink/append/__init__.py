@@ -22,6 +22,9 @@ Outcomes:
 Every commit records in its commit info: view, replica, lower, upper, why it was made, which
 foreign commits it repairs, and a unique id of the commit attempt (``mvsink.commit``).
 
+A compaction (:mod:`mvsink.append.compact`) commits through the same path: it keeps the txn where
+it is (`lower == upper`), so it too conflicts with every concurrent commit of the view.
+
 On object stores a request can fail transiently, and a commit can land while its reply is lost:
 the client then sees an error (or, retrying the conditional PUT, a conflict with itself). So a
 failed attempt is never taken at its word: the log is read again, and if the txn has moved past
@@ -33,6 +36,7 @@ reported as appended; its files are kept. Transient errors are retried with boun
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -40,7 +44,7 @@ from dataclasses import dataclass
 
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import AddAction, CommitProperties, Transaction
+from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from mvsink import failpoints, storage
 from mvsink.mint import Description
@@ -56,11 +60,14 @@ META_UPPER = "mvsink.upper"
 META_REASON = "mvsink.reason"
 META_REPAIRS = "mvsink.repairs"
 META_COMMIT = "mvsink.commit"
+#: Set by compactions only: the view's since from that commit on.
+META_SINCE = "mvsink.since"
 
 REASON_CORRECTION = "correction"
 REASON_REPAIR = "repair"
 REASON_PROGRESS = "progress"
 REASON_ADVANCE_UPPER = "advance-upper"
+REASON_COMPACTION = "compaction"
 
 _MAX_FOREIGN_CONFLICTS = 20
 
@@ -98,28 +105,44 @@ class Shard:
         return self.upper_of(self.table())
 
     def landed(self, table: DeltaTable, since_version: int, commit_ids: set[str]) -> int | None:
-        """The version after ``since_version`` of a commit carrying one of ``commit_ids``, if any."""
-        if not commit_ids or table.version() <= since_version:
+        """The version after ``since_version`` of a commit carrying one of ``commit_ids``, if any.
+
+        Up to ``table``'s version, read from the log entries themselves: delta-rs' history also
+        returns commits newer than the snapshot, numbered from the snapshot's version, so its
+        version numbers are off when a commit lands meanwhile.
+        """
+        if not commit_ids:
             return None
-        history = storage.retrying(f"reading the history of {self.target}", table.history,
-                                   table.version() - since_version)
-        for info in history:
-            if info.get(META_COMMIT) in commit_ids and info.get("version", since_version + 1) > since_version:
-                return info.get("version")
+        for version in range(since_version + 1, table.version() + 1):
+            if self.commit_info(version).get(META_COMMIT) in commit_ids:
+                return version
         return None
+
+    def commit_info(self, version: int) -> dict:
+        """The commit info of table ``version`` (empty if it has none)."""
+        return storage.retrying(f"reading version {version} of {self.target}", _read_commit_info,
+                                self.target, version)
 
     def commit(self, table: DeltaTable, lower: int, upper: int, reason: str,
                files: list | None = None, repairs: list[int] | None = None,
-               commit_id: str | None = None) -> str:
+               commit_id: str | None = None, removes: list[tuple[str, int]] | None = None,
+               data_change: bool = True, since: int | None = None) -> str:
         """One commit based on ``table``'s snapshot moving the txn from `lower` to `upper`.
 
-        Returns the commit's id (``mvsink.commit`` in its commit info).
+        It adds ``files`` (staged files) and removes ``removes`` (`(path, size)` of files in the
+        snapshot); ``data_change=False`` marks both as a rearrangement that changes no contents.
+        ``since`` is recorded as :data:`META_SINCE`. Returns the commit's id (``mvsink.commit``).
         """
         commit_id = commit_id or uuid.uuid4().hex
         now = int(time.time() * 1000)
         actions = [
+            RemoveAction(path=path, data_change=data_change, deletion_timestamp=now, size=size,
+                         partition_values={})
+            for path, size in removes or []
+        ]
+        actions += [
             AddAction(path=f.path, size=f.size, partition_values={}, modification_time=now,
-                      data_change=True, stats=f.stats)
+                      data_change=data_change, stats=f.stats)
             for f in files or []
         ]
         metadata = {
@@ -127,6 +150,8 @@ class Shard:
             META_UPPER: upper, META_REASON: reason, META_REPAIRS: sorted(repairs or []),
             META_COMMIT: commit_id,
         }
+        if since is not None:
+            metadata[META_SINCE] = since
         table.create_write_transaction(
             actions, mode="append", schema=table.schema(),
             commit_properties=CommitProperties(
@@ -204,6 +229,16 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
     if batch:
         batch.delete()
     return AppendResult(False, current)
+
+
+def _read_commit_info(target: str, version: int) -> dict:
+    fs, root = storage.filesystem(target)
+    with fs.open_input_stream(storage.join(root, f"_delta_log/{version:020d}.json")) as f:
+        for line in f.read().decode().splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "commitInfo" in action:
+                return action["commitInfo"]
+    return {}
 
 
 def _span(desc: Description) -> str:

@@ -1,0 +1,155 @@
+"""`compact`: advances a view's since and rewrites the files that hold times below it.
+
+The view is readable at times `[since, upper)`. Compacting to `s` gives up the times below `s`:
+with `c = min(s, upper - 1)`, every update with a time below `c` is advanced to `c` and the
+updates are consolidated, so that the table holds one update per row where it held the row's whole
+history. Advancing times below `c` to `c` leaves the contents at every time >= `c` as they were.
+
+Invariants:
+
+* The contents at every time >= `c` are unchanged; only the times below `c` are given up, and the
+  since recorded is `s` (``mvsink.since`` in the commit info, read by :func:`mvsink.read.since_of`).
+* The since never goes back: a compaction to an `s` not above the current since commits nothing,
+  and so does one of a view that has written nothing yet.
+* Only files holding a time below `c` by their statistics (or without statistics, such as foreign
+  files) are rewritten, whole; every other file stays.
+* One commit removes the rewritten files and adds their replacements, every action with
+  ``dataChange = false``. It goes through :meth:`Shard.commit` like an append, carrying the view's
+  txn at the upper it was computed for (`lower == upper`): if any commit of the view landed after
+  the snapshot it read (an append, another compaction), or a foreign commit deleted one of its
+  files, the commit fails, its staged files are deleted and the compaction starts over from the new
+  snapshot (a bounded number of times).
+* delta-rs does not see a conflict with a commit that removed the same files *without* data change
+  (a foreign OPTIMIZE): both would land and the rows would be there twice. So right before
+  committing, the compaction checks that its files are still in the latest snapshot, and starts
+  over if not; only a foreign rewrite landing in the moment between check and commit slips through
+  (read-back then sees the doubled rows as drift, corrected from the next upper on).
+* Read-back is undisturbed: it sees the removed files negated and the added ones; per row, both
+  sum to the same diff and differ only at times up to `c` < upper, so they cancel once advanced to
+  the persist frontier (at least the upper).
+
+A failure other than a conflict propagates; staged files it leaves behind carry the ``mvsink-``
+prefix of :mod:`mvsink.write`, so :mod:`mvsink.cleanup` removes them unless a commit took them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
+from pyspark.sql import SparkSession
+from pyspark.sql import types as T
+
+from mvsink.append import REASON_COMPACTION, Shard
+from mvsink.correction.readback import _file_uri
+from mvsink.inputs import latest_version
+from mvsink.mint import Description
+from mvsink.read import since_of
+from mvsink.updates import TIME, advance_times, consolidate, normalize
+from mvsink.write import StagedBatch, stage
+
+log = logging.getLogger(__name__)
+
+_MAX_ATTEMPTS = 10
+#: Rewritten updates go into about one file per this many bytes of files removed.
+_FILE_BYTES = 128 << 20
+
+
+class CompactionError(RuntimeError):
+    """A compaction kept conflicting with other commits and gave up."""
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    #: The since now recorded for the view.
+    since: int
+    #: Table version of the compaction commit; None if nothing was committed.
+    version: int | None
+    files_removed: int
+    files_added: int
+
+
+def compact(spark: SparkSession, shard: Shard, schema: T.StructType, since: int) -> CompactionResult:
+    """Compact ``shard``'s view (table schema ``schema``) to ``since``; see the module doc."""
+    for attempt in range(1, _MAX_ATTEMPTS + 1):
+        if latest_version(shard.target) is None:
+            return CompactionResult(0, None, 0, 0)
+        table = shard.table()
+        upper = shard.upper_of(table)
+        current = since_of(table, shard.view_id)
+        if current is None:
+            return CompactionResult(upper, None, 0, 0)
+        if since <= current:
+            return CompactionResult(current, None, 0, 0)
+        frontier = min(since, upper - 1)
+        removes = files_below(table, frontier)
+        batch = _rewrite(spark, shard, schema, removes, Description(frontier, upper)) if removes else None
+        added = batch.files if batch else []
+        if not _still_present(shard, removes):
+            # Removed by a rewrite without data change (e.g. a foreign OPTIMIZE): delta-rs would
+            # not see the two commits conflict, and the rows would be there twice.
+            _discard(shard, batch, f"files to compact were removed meanwhile (attempt {attempt})")
+            continue
+        commit_id = uuid.uuid4().hex
+        try:
+            shard.commit(table, upper, upper, REASON_COMPACTION, added, commit_id=commit_id,
+                         removes=removes, data_change=False, since=since)
+        except CommitFailedError as exc:
+            version = shard.landed(shard.table(), table.version(), {commit_id})
+            if version is None:
+                _discard(shard, batch, f"the commit conflicted (attempt {attempt}): {exc}")
+                continue
+        else:
+            version = shard.landed(shard.table(), table.version(), {commit_id})
+        log.info("compacted view %s to since %d (times below %d advanced) at version %s: -%d +%d files",
+                 shard.view_id, since, frontier, version, len(removes), len(added))
+        return CompactionResult(since, version, len(removes), len(added))
+    raise CompactionError(f"compaction of view {shard.view_id!r} in {shard.target} to {since} "
+                          f"conflicted {_MAX_ATTEMPTS} times")
+
+
+def _still_present(shard: Shard, files: list[tuple[str, int]]) -> bool:
+    """Whether the latest snapshot still holds all of ``files``."""
+    if not files:
+        return True
+    present = set(shard.table().get_add_actions(flatten=True).column("path").to_pylist())
+    return all(path in present for path, _ in files)
+
+
+def _discard(shard: Shard, batch: StagedBatch | None, why: str) -> None:
+    log.info("compaction of view %s starts over: %s", shard.view_id, why)
+    if batch:
+        batch.delete()
+
+
+def files_below(table: DeltaTable, frontier: int) -> list[tuple[str, int]]:
+    """`(path, size)` of the snapshot's files that may hold a time below ``frontier``."""
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    return [(a["path"], a["size_bytes"]) for a in actions
+            if (earliest := _earliest_time(a)) is None or earliest < frontier]
+
+
+def _earliest_time(action: dict) -> int | None:
+    """The smallest time in a file by its statistics (a null time reads as 0); None if unknown."""
+    if action.get("num_records") is None:
+        return None
+    earliest = action.get(f"min.{TIME}")
+    nulls = action.get(f"null_count.{TIME}")
+    if nulls is None or nulls > 0:
+        return 0 if earliest is None else min(earliest, 0)
+    return earliest
+
+
+def _rewrite(spark: SparkSession, shard: Shard, schema: T.StructType, files: list[tuple[str, int]],
+             desc: Description) -> StagedBatch:
+    """Stage ``files``' updates with times advanced to `desc.lower`, consolidated."""
+    uris = [_file_uri(shard.target, path) for path, _ in files]
+    updates = normalize(spark.read.schema(schema).parquet(*uris), schema)
+    compacted = consolidate(advance_times(updates, desc.lower))
+    partitions = max(1, math.ceil(sum(size for _, size in files) / _FILE_BYTES))
+    return stage(compacted.coalesce(partitions), desc, shard.target, shard.view_id, shard.replica_id)
