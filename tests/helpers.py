@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,20 +45,25 @@ def write_config(path: Path, **settings) -> Path:
 
 
 class Replica:
-    """A replica as a separate process: ``python mvsink_job.py --config ...``."""
+    """A replica as a separate process: ``python mvsink_job.py [--config ...] [--listen ...]``."""
 
-    def __init__(self, config: Path, replica_id: str, log_dir: Path, *extra: str, env: dict | None = None):
+    def __init__(self, config: Path | None, replica_id: str, log_dir: Path, *extra: str,
+                 env: dict | None = None, listen: bool = False):
         self.config, self.replica_id, self.log_dir, self.extra = config, replica_id, log_dir, extra
         self.env = env or {}
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        #: ``host:port`` of the replica protocol, if it listens.
+        self.address = f"127.0.0.1:{free_port()}" if listen else None
 
     def start(self) -> "Replica":
         self.starts += 1
         log = open(self.log_dir / f"{self.replica_id}-{self.starts}.log", "w")
         env = {**os.environ, "MVSINK_LOG_LEVEL": "INFO", **self.env}
+        config = ["--config", str(self.config)] if self.config else []
+        listen = ["--listen", self.address] if self.address else []
         self.proc = subprocess.Popen(
-            [sys.executable, str(JOB), "--config", str(self.config), "--replica-id", self.replica_id,
+            [sys.executable, str(JOB), *config, *listen, "--replica-id", self.replica_id,
              "--trigger-seconds", "0.5", *self.extra],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
         )
@@ -80,6 +86,12 @@ class Replica:
 
     def logs(self) -> str:
         return "\n".join(p.read_text() for p in sorted(self.log_dir.glob(f"{self.replica_id}-*.log")))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition",

@@ -9,7 +9,8 @@
 3. changes the source version after version (inserts, updates, deletes);
 4. a third of the way in, damages the target behind the replicas' backs (bogus rows appended at
    a future time, a Delta ``DELETE`` of a committed row);
-5. two thirds of the way in, allows green to write and stops blue (a blue/green cutover);
+5. two thirds of the way in, a blue/green cutover through the replica protocol (both replicas
+   listen): once green has caught up, blue's view is dropped, green allowed to write, blue stopped;
 6. waits for the view to catch up, stops green, and checks every committed version of the target
    against the view computed independently from the source, printing what it finds.
 """
@@ -22,6 +23,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -44,6 +46,15 @@ def order_row(row: dict) -> dict | None:
             "label": f"{row['customer']}:{size}"}
 
 
+def order_row_v2(row: dict) -> dict | None:
+    """A changed definition (for the hand-run cutover in the README): orders over 20, new labels."""
+    if row["amount"] is None or row["amount"] <= 20:
+        return None
+    size = "L" if row["amount"] >= 100 else "M"
+    return {"id": row["id"], "customer": row["customer"], "amount": row["amount"],
+            "label": f"{size}/{row['customer']}"}
+
+
 def _spark_submit() -> list[str]:
     from mvsink.spark import delta_jars
 
@@ -58,12 +69,16 @@ class ExampleReplica:
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
         self.name = name
         self.log_path = workdir / f"{name}.log"
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.address = f"127.0.0.1:{sock.getsockname()[1]}"
         self.proc = subprocess.Popen(
-            [*_spark_submit(), str(job), "--config", str(config), "--replica-id", name,
-             "--trigger-seconds", "1", *flags],
+            [*_spark_submit(), str(job), "--config", str(config), "--listen", self.address,
+             "--replica-id", name, "--trigger-seconds", "1", *flags],
             stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT, env=env,
         )
-        log.info("started replica %s (pid %d), log %s", name, self.proc.pid, self.log_path)
+        log.info("started replica %s (pid %d) on %s, log %s", name, self.proc.pid, self.address,
+                 self.log_path)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -104,28 +119,45 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mvsink_job.py --example")
     parser.add_argument("--workdir", default="work-local/example")
     parser.add_argument("--versions", type=int, default=24, help="source versions to make")
+    hand = parser.add_mutually_exclusive_group()
+    hand.add_argument("--setup", action="store_true",
+                      help="only create the source and two view definitions in --workdir (README cutover)")
+    hand.add_argument("--change", action="store_true", help="only make --versions changes to the source")
+    hand.add_argument("--check", metavar="REPLICA", help="only check the target; from REPLICA's first "
+                      "commit on, against the changed definition (view_v2.yaml)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     workdir = Path(args.workdir).absolute()
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
     source, target = str(workdir / "orders"), str(workdir / "big_orders")
+    if args.check:
+        return _check_cutover(source, target, args.check)
 
     from mvsink.spark import spark_session
 
     spark = spark_session("mvsink-example-driver")
+    if args.change:
+        rng = random.Random(time.time_ns())
+        next_id = [(spark.sql(f"SELECT max(id) FROM delta.`{source}`").first()[0] or 0) + 1]
+        for step in range(args.versions):
+            log.info("source: %s", _change_source(spark, source, rng, step, next_id))
+        return 0
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
     spark.sql(f"CREATE TABLE delta.`{source}` (id BIGINT, customer STRING, amount BIGINT) USING delta "
               "TBLPROPERTIES (delta.enableChangeDataFeed = true, delta.enableDeletionVectors = false)")
     spark.sql(f"INSERT INTO delta.`{source}` VALUES (1, 'c1', 50), (2, 'c2', 5), (3, 'c3', 120)")
     config = workdir / "view.yaml"
-    config.write_text(yaml.safe_dump({
-        "view_id": VIEW_ID, "target": target, "key": ["id"], "as_of": 1,
-        "input": {"kind": "changes", "source": source, "map_row": "mvsink.example:order_row",
-                  "output_schema": "id BIGINT, customer STRING, amount BIGINT, label STRING"},
-    }))
-    allow_green = workdir / "allow-green-writes"
+    for path, function in ((config, "order_row"), (workdir / "view_v2.yaml", "order_row_v2")):
+        path.write_text(yaml.safe_dump({
+            "view_id": VIEW_ID, "target": target, "key": ["id"], "as_of": 1,
+            "input": {"kind": "changes", "source": source, "map_row": f"mvsink.example:{function}",
+                      "output_schema": "id BIGINT, customer STRING, amount BIGINT, label STRING"},
+        }))
+    if args.setup:
+        print(f"source {source}, view definitions {config} and {workdir / 'view_v2.yaml'}")
+        return 0
     blue = ExampleReplica("blue", config, workdir)
-    green = ExampleReplica("green", config, workdir, "--read-only", "--allow-writes-file", str(allow_green))
+    green = ExampleReplica("green", config, workdir, "--read-only")
     rng = random.Random(7)
     next_id = [10]
     try:
@@ -137,9 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             if step == damage_at:
                 _damage(spark, target)
             if step == cutover_at:
-                log.info("cutover: allowing green to write, stopping blue")
-                allow_green.touch()
-                blue.stop()
+                _cutover(blue, green)
             time.sleep(2)
         latest = spark.sql(f"DESCRIBE HISTORY delta.`{source}` LIMIT 1").first().version
         _wait_upper(target, latest + 1, timeout=600)
@@ -147,6 +177,18 @@ def main(argv: list[str] | None = None) -> int:
         blue.stop()
         green.stop()
     return _report(source, target)
+
+
+def _cutover(blue: ExampleReplica, green: ExampleReplica) -> None:
+    """Through the replica protocol: wait for green to catch up, stop blue's view, let green write."""
+    from mvsink.replica.controller import Controller, cutover
+
+    with Controller(blue.address, timeout=600) as old, Controller(green.address, timeout=600) as new:
+        old.connect()
+        new.connect()
+        frontier = cutover(old, new, VIEW_ID)
+    log.info("cutover: green writes from frontier %d; stopping blue", frontier)
+    blue.stop()
 
 
 def _damage(spark, target: str) -> None:
@@ -192,6 +234,35 @@ def _report(source: str, target: str) -> int:
     print("CHECK PASSED: the target equals the view at every committed version, except history damaged on "
           "purpose behind mvsink's back, repaired by the next batch" if ok else
           f"CHECK FAILED: wrong versions {wrong}, repairs {repairs}, writers {sorted(writers)}")
+    return 0 if ok else 1
+
+
+def _check_cutover(source: str, target: str, new_replica: str) -> int:
+    """The target against view.yaml before ``new_replica``'s first commit, view_v2.yaml from it on."""
+    from mvsink.check import check_table, expected_from_source, table_at
+
+    commits = [h for h in reversed(table_at(target).history()) if h.get("mvsink.view") == VIEW_ID]
+    first = next((h for h in commits if h.get("mvsink.replica") == new_replica), None)
+    old, new = _expected(source), expected_from_source(source, COLUMNS, order_row_v2)
+    if first is None:
+        result = check_table(target, VIEW_ID, COLUMNS, old, as_of=1)
+        print(f"no commit by {new_replica} yet; against view.yaml: {result.summary()}")
+        return 0 if result.ok else 1
+    switch_version, switch_time = first["version"], int(first["mvsink.lower"])
+    before = check_table(target, VIEW_ID, COLUMNS, old, as_of=1)
+    wrong_before = sorted(v for v in before.bad_times if v < switch_version)
+    after = check_table(target, VIEW_ID, COLUMNS, lambda t: new(t) if t >= switch_time else old(t),
+                        as_of=1, from_version=switch_version)
+    writers = [(h["version"], h["mvsink.replica"], h["mvsink.reason"], int(h["mvsink.lower"]),
+                int(h["mvsink.upper"])) for h in commits]
+    for version, replica, reason, lower, upper in writers:
+        print(f"version {version:3d}  {replica:>8}  [{lower}, {upper})  {reason}")
+    print(f"{new_replica}'s first commit: version {switch_version}, time {switch_time}: from there on the "
+          f"table holds view_v2.yaml; before it view.yaml")
+    print(f"versions before: {'all correct' if not wrong_before else f'WRONG at {wrong_before}'}; "
+          f"from the switch on: {after.summary()}")
+    ok = not wrong_before and after.ok
+    print("CUTOVER CHECK PASSED" if ok else "CUTOVER CHECK FAILED")
     return 0 if ok else 1
 
 

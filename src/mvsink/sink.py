@@ -87,6 +87,10 @@ class MaterializedView:
         self.readback = ReadBack(spark, self.shard, self.schema)
         self.desired_frontier: int | None = None
         self.pending_repairs: set[int] = set()
+        #: The view's upper as this replica last saw it (read back, or moved by its own append).
+        self.observed_upper = 0
+        #: How often this replica has hydrated (read the whole input): once, unless restarted.
+        self.hydrations = 0
         self._steps = 0
         log.info("view %s (replica %s) on %s: %s, key %s, as_of %d%s", view.view_id, view.replica_id,
                  view.target, type(view.input).__name__, list(view.key), view.as_of,
@@ -99,6 +103,20 @@ class MaterializedView:
     def allow_writes(self) -> None:
         """Leave read-only mode for good; the next step may write."""
         self.minter.allow_writes()
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    def frontier(self) -> int | None:
+        """The view's write frontier at this replica: times below it are computed and in the table.
+
+        It is the lesser of the input frontier this replica has computed and the table's upper it
+        has seen; None before hydration. It never goes back (both parts only advance).
+        """
+        if self.desired_frontier is None:
+            return None
+        return min(self.desired_frontier, self.observed_upper)
 
     def foreach_batch(self, _batch: DataFrame, batch_id: int) -> None:
         """For ``writeStream.foreachBatch``: run one step (the micro-batch only triggers it).
@@ -151,6 +169,7 @@ class MaterializedView:
                 raise
             log.warning("read-back cannot follow the table (%s); rehydrating", exc)
             persisted = self._reconcile(source_latest)
+        self.observed_upper = max(self.observed_upper, persisted.upper)
         report = StepReport(persisted.version, persisted.upper, self.desired_frontier,
                             self.correction.count())
         self.minter.advance_persist(max(self.view.as_of, persisted.upper))
@@ -164,6 +183,8 @@ class MaterializedView:
             except Exception:
                 self.minter.abandon(desc)
                 raise
+            if report.appended:
+                self.observed_upper = max(self.observed_upper, desc.upper)
         self._steps += 1
         if not self.read_only and (self._steps == 1 or self._steps % _CLEANUP_EVERY == 0):
             clean_orphans(self.shard, self.orphan_grace_seconds)
@@ -189,6 +210,7 @@ class MaterializedView:
                          hydrate_at, persisted.version, persisted.upper)
                 desired = self.desired.snapshot(hydrate_at)
                 self.desired_frontier = hydrate_at + 1
+                self.hydrations += 1
         elif source_latest >= self.desired_frontier:
             desired = self.desired.changes(self.desired_frontier, source_latest)
             self.desired_frontier = source_latest + 1
@@ -263,10 +285,12 @@ class MaterializedView:
         raise RuntimeError(f"view {self.view.view_id!r} did not catch up in {max_steps} steps")
 
     def start_stream(self, trigger_seconds: float = 2.0, checkpoint: str | None = None,
-                     before_step: Callable[[], None] | None = None):
+                     before_step: Callable[[], None] | None = None,
+                     after_step: Callable[[], None] | None = None):
         """A Structured Streaming query that runs a step every ``trigger_seconds``.
 
-        ``before_step`` runs before each step (the job uses it to apply operator requests).
+        ``before_step`` runs before each step (operator requests), ``after_step`` after it, also
+        after a failed one (progress reports).
         """
         checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"mvsink-{self.view.view_id}-")
         ticks = self.spark.readStream.format("rate").option("rowsPerSecond", 1).load()
@@ -274,7 +298,11 @@ class MaterializedView:
         def on_batch(batch: DataFrame, batch_id: int) -> None:
             if before_step is not None:
                 before_step()
-            self.foreach_batch(batch, batch_id)
+            try:
+                self.foreach_batch(batch, batch_id)
+            finally:
+                if after_step is not None:
+                    after_step()
 
         return (
             ticks.writeStream.foreachBatch(on_batch)

@@ -122,6 +122,24 @@ def resolve_function(spec: str, base_dir: Path | None = None) -> Callable:
 def load_config(path: str | os.PathLike, *, read_only: bool | None = None,
                 replica_id: str | None = None) -> ViewDefinition:
     """A view definition from a YAML file; command-line flags override the file."""
+    spec = spec_from_yaml(path)
+    return view_from_spec(
+        spec,
+        read_only=bool(spec.get("read_only", False)) if read_only is None else read_only,
+        replica_id=replica_id or spec.get("replica_id") or default_replica_id(),
+    )
+
+
+_SETTINGS = {"view_id", "target", "key", "as_of", "input", "read_only", "replica_id"}
+
+
+def spec_from_yaml(path: str | os.PathLike) -> dict:
+    """The view specification in a YAML file, relative paths made absolute (``base_dir``).
+
+    A specification is plain data (it travels in ``CreateDataflow``): view_id, target, key, as_of,
+    input (kind, source, map_row, output_schema or query; functions as ``module:function``), and
+    ``base_dir``, the directory functions and relative paths are resolved against.
+    """
     path = Path(path)
     try:
         raw = yaml.safe_load(path.read_text())
@@ -131,41 +149,62 @@ def load_config(path: str | os.PathLike, *, read_only: bool | None = None,
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {path} must hold a mapping")
-    base = path.parent.absolute()
+    unknown = set(raw) - _SETTINGS
+    if unknown:
+        raise ConfigError(f"{path}: unknown settings {sorted(unknown)}; known: {sorted(_SETTINGS)}")
+    base = str(path.parent.absolute())
+    spec = {**raw, "base_dir": base}
+    for required in ("view_id", "target", "input"):
+        if required not in spec:
+            raise ConfigError(f"{path}: missing required setting {required!r}")
+    return spec
+
+
+def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None) -> ViewDefinition:
+    """The view a specification (see :func:`spec_from_yaml`) defines, for one replica."""
+    if not isinstance(spec, dict):
+        raise ConfigError(f"a view specification must be a mapping, not {spec!r}")
+    unknown = set(spec) - _SETTINGS - {"base_dir"}
+    if unknown:
+        raise ConfigError(f"view specification: unknown settings {sorted(unknown)}")
+    for required in ("view_id", "target", "input"):
+        if required not in spec:
+            raise ConfigError(f"view specification: missing required setting {required!r}")
+    base = Path(spec["base_dir"]) if spec.get("base_dir") else None
 
     def relative(p: str) -> str:
-        return p if "://" in p or os.path.isabs(p) else str(base / p)
+        return p if "://" in p or os.path.isabs(p) or base is None else str(base / p)
 
-    known = {"view_id", "target", "key", "as_of", "input", "read_only", "replica_id"}
-    unknown = set(raw) - known
-    if unknown:
-        raise ConfigError(f"{path}: unknown settings {sorted(unknown)}; known: {sorted(known)}")
-    for required in ("view_id", "target", "input"):
-        if required not in raw:
-            raise ConfigError(f"{path}: missing required setting {required!r}")
-    spec = raw["input"]
-    if not isinstance(spec, dict) or "source" not in spec or spec.get("kind") not in ("changes", "snapshot"):
-        raise ConfigError(f"{path}: input needs kind (changes or snapshot) and source")
-    if spec["kind"] == "changes":
-        fn = spec.get("map_row")
+    where = f"view {spec['view_id']!r}"
+    input_spec = spec["input"]
+    if (not isinstance(input_spec, dict) or "source" not in input_spec
+            or input_spec.get("kind") not in ("changes", "snapshot")):
+        raise ConfigError(f"{where}: input needs kind (changes or snapshot) and source")
+    if input_spec["kind"] == "changes":
+        fn = input_spec.get("map_row")
         view_input: Input = ChangesInput(
-            source=relative(spec["source"]),
+            source=relative(input_spec["source"]),
             map_row=resolve_function(fn, base) if fn else None,
-            output_schema=spec.get("output_schema"),
+            output_schema=input_spec.get("output_schema"),
         )
     else:
-        if "query" not in spec:
-            raise ConfigError(f"{path}: a snapshot input needs query: module:function")
-        view_input = SnapshotInput(source=relative(spec["source"]), query=resolve_function(spec["query"], base))
-    key = raw.get("key") or ()
+        if "query" not in input_spec:
+            raise ConfigError(f"{where}: a snapshot input needs query: module:function")
+        view_input = SnapshotInput(source=relative(input_spec["source"]),
+                                   query=resolve_function(input_spec["query"], base))
+    key = spec.get("key") or ()
     if isinstance(key, str):
         key = (key,)
+    try:
+        as_of = int(spec.get("as_of", 0))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: as_of must be an integer, not {spec.get('as_of')!r}") from None
     return ViewDefinition(
-        view_id=str(raw["view_id"]),
-        target=relative(raw["target"]),
+        view_id=str(spec["view_id"]),
+        target=relative(spec["target"]),
         input=view_input,
         key=tuple(key),
-        as_of=int(raw.get("as_of", 0)),
-        read_only=bool(raw.get("read_only", False)) if read_only is None else read_only,
-        replica_id=replica_id or raw.get("replica_id") or default_replica_id(),
+        as_of=as_of,
+        read_only=read_only,
+        replica_id=replica_id or default_replica_id(),
     )

@@ -1,9 +1,17 @@
-"""A replica as a job: ``spark-submit mvsink_job.py --config view.yaml [--read-only] [--replica-id ID]``.
+"""A replica as a job: ``spark-submit mvsink_job.py [--config view.yaml] [--listen HOST:PORT] [--read-only]``.
 
-The job runs the view as a Structured Streaming query whose ``foreachBatch`` runs one sink step
-per trigger. A read-only replica is told to allow writes by ``SIGUSR1`` or by the file given with
-``--allow-writes-file`` appearing; either way it never goes back. ``SIGTERM``/``SIGINT`` stop the
-query after the step in progress.
+The job holds one :class:`~mvsink.replica.state.ComputeState` and drives it with protocol commands:
+
+* ``--config view.yaml`` (stand-alone): the job issues its own commands: ``CreateTimely``,
+  ``CreateInstance``, ``CreateDataflow`` and ``Schedule`` for the view, ``InitializationComplete``.
+* ``--listen HOST:PORT``: a controller connects over gRPC and sends the commands
+  (:mod:`mvsink.replica.server`). With ``--config`` as well, the view runs from the start and a
+  controller that connects later reconciles with it.
+
+Without ``--read-only`` the replica allows writes itself once initialized; with it, it computes
+and writes nothing until ``AllowWrites`` (from a controller, ``SIGUSR1``, or the file given with
+``--allow-writes-file`` appearing); it never goes back. ``SIGTERM``/``SIGINT`` stop the views'
+queries between steps and end the job.
 
 Exit codes: 0 stopped on request, 2 bad configuration (nothing written), 1 any other failure.
 """
@@ -18,35 +26,18 @@ import sys
 import threading
 import time
 
-from mvsink.sink import MaterializedView
-from mvsink.view import ConfigError, load_config
+from mvsink.replica.protocol import (CreateDataflow, CreateInstance, CreateTimely,
+                                     InitializationComplete, Schedule)
+from mvsink.replica.state import ComputeState, LogConnection
+from mvsink.view import ConfigError, default_replica_id, spec_from_yaml
 
 log = logging.getLogger("mvsink.replica")
 
 
-class Control:
-    """Operator requests that reach a running replica: allow writes, stop."""
-
-    def __init__(self, allow_writes_file: str | None):
-        self.allow_writes_file = allow_writes_file
-        self.allow_writes_requested = threading.Event()
-        self.stop_requested = threading.Event()
-
-    def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGUSR1, lambda *_: self.allow_writes_requested.set())
-        signal.signal(signal.SIGTERM, lambda *_: self.stop_requested.set())
-        signal.signal(signal.SIGINT, lambda *_: self.stop_requested.set())
-
-    def apply(self, view: MaterializedView) -> None:
-        if self.allow_writes_file and os.path.exists(self.allow_writes_file):
-            self.allow_writes_requested.set()
-        if view.read_only and self.allow_writes_requested.is_set():
-            view.allow_writes()
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mvsink_job.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", required=True, help="the view definition (YAML)")
+    parser.add_argument("--config", help="the view definition (YAML); the job runs it stand-alone")
+    parser.add_argument("--listen", metavar="HOST:PORT", help="serve the replica protocol (gRPC) here")
     parser.add_argument("--read-only", action="store_true", default=None,
                         help="start read-only: compute and keep up, write nothing until allowed")
     parser.add_argument("--replica-id", help="this replica's name in commit metadata (default host-pid)")
@@ -55,45 +46,70 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--orphan-grace-seconds", type=float, default=3600.0,
                         help="age after which unreferenced staged files are deleted")
     parser.add_argument("--log-level", default=os.environ.get("MVSINK_LOG_LEVEL", "INFO"))
-    return parser.parse_args(argv)
-
-
-def _stop_between_steps(query, timeout_seconds: float = 120.0) -> None:
-    """Stop the query once no step is running (or after ``timeout_seconds``)."""
-    deadline = time.monotonic() + timeout_seconds
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    query.stop()
+    args = parser.parse_args(argv)
+    if not args.config and not args.listen:
+        parser.error("give --config (stand-alone), --listen (controlled), or both")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
-    control = Control(args.allow_writes_file)
-    control.install_signal_handlers()
-    try:
-        view_def = load_config(args.config, read_only=args.read_only, replica_id=args.replica_id)
-    except ConfigError as exc:
-        log.error("bad configuration: %s", exc)
-        return 2
+    stop = threading.Event()
+    allow_writes = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: allow_writes.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
 
+    spec = None
+    if args.config:
+        try:
+            spec = spec_from_yaml(args.config)
+        except ConfigError as exc:
+            log.error("bad configuration: %s", exc)
+            return 2
+    read_only = args.read_only if args.read_only is not None else bool((spec or {}).get("read_only"))
+    replica_id = args.replica_id or (spec or {}).get("replica_id") or default_replica_id()
+    # The JVM starts now, before any gRPC thread: PySpark launches it with fork + preexec_fn,
+    # which is not safe in a process whose other threads hold locks. CreateTimely adopts it.
     from mvsink.spark import spark_session
 
-    spark = spark_session(f"mvsink-{view_def.view_id}-{view_def.replica_id}")
-    try:
-        view = MaterializedView(spark, view_def, orphan_grace_seconds=args.orphan_grace_seconds)
-    except ConfigError as exc:
-        log.error("bad configuration: %s", exc)
-        return 2
+    spark = spark_session(f"mvsink-{replica_id}")
+    state = ComputeState(replica_id, lambda: spark, read_only_start=read_only,
+                         trigger_seconds=args.trigger_seconds, log_level=args.log_level)
 
-    query = view.start_stream(args.trigger_seconds, before_step=lambda: control.apply(view))
-    log.info("replica %s running view %s (query %s)", view_def.replica_id, view_def.view_id, query.id)
-    while query.isActive and not control.stop_requested.is_set():
+    if spec is not None:
+        own = LogConnection()
+        state.connect(own)
+        view = {k: v for k, v in spec.items() if k not in ("read_only", "replica_id")}
+        for command in (CreateTimely(), CreateInstance(args.orphan_grace_seconds), CreateDataflow(view),
+                        Schedule(view["view_id"]), InitializationComplete()):
+            state.handle(own, command)
+        if own.errors:
+            state.shutdown()
+            return 2 if own.errors[0].message.startswith("bad configuration") else 1
+    server = None
+    if args.listen:
+        from mvsink.replica.server import serve
+
+        server = serve(state, args.listen)
+
+    log.info("replica %s running%s", replica_id, f", listening on {args.listen}" if args.listen else "")
+    exit_code = 0
+    while not stop.is_set():
+        if args.allow_writes_file and os.path.exists(args.allow_writes_file):
+            allow_writes.set()
+        if allow_writes.is_set() and state.read_only and state.instance is not None:
+            state.allow_writes()
+        failures = state.failures()
+        if failures and not args.listen:
+            log.error("the view's query failed: %s", failures)
+            exit_code = 1
+            break
         time.sleep(0.2)
-    if query.exception() is not None:
-        log.error("the view's query failed: %s", query.exception())
-        return 1
-    _stop_between_steps(query)
-    log.info("replica %s stopped", view_def.replica_id)
-    return 0
+    if server is not None:
+        server.stop(grace=2)
+    state.shutdown()
+    log.info("replica %s stopped", replica_id)
+    return exit_code

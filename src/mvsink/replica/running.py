@@ -1,0 +1,106 @@
+"""One view as it runs at a replica: its sink state, its streaming query, its since.
+
+A :class:`RunningView` owns a :class:`~mvsink.sink.MaterializedView` (the correction buffer and
+the rest of the sink's state) and the Structured Streaming query that steps it. The query can be
+stopped and started again (a new trigger interval) without losing that state: nothing is
+re-hydrated. Compaction requested with :meth:`allow_compaction` runs at the start of a step, in
+the query's thread, so it never overlaps this replica's own append; it only runs once writes are
+allowed (a read-only replica writes nothing) and only ever moves the since forward.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+from mvsink.append.compact import compact
+from mvsink.sink import MaterializedView
+
+log = logging.getLogger(__name__)
+
+
+def stop_between_steps(query, timeout_seconds: float = 120.0) -> None:
+    """Stop ``query`` once no step is running (or after ``timeout_seconds``)."""
+    deadline = time.monotonic() + timeout_seconds
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    query.stop()
+
+
+class RunningView:
+    def __init__(self, spec: dict, view: MaterializedView, on_progress: Callable[["RunningView"], None]):
+        self.spec = spec
+        self.view = view
+        self.view_id = view.view.view_id
+        self.on_progress = on_progress
+        self.query = None
+        #: The since this replica was allowed to compact to (at least as_of).
+        self.since = view.view.as_of
+        self._compact_to: int | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def scheduled(self) -> bool:
+        return self.query is not None
+
+    def schedule(self, trigger_seconds: float) -> None:
+        if self.query is None:
+            self.query = self.view.start_stream(trigger_seconds, before_step=self._before_step,
+                                                after_step=lambda: self.on_progress(self))
+            log.info("view %s scheduled (query %s, every %.1fs)", self.view_id, self.query.id,
+                     trigger_seconds)
+
+    def set_trigger(self, trigger_seconds: float) -> None:
+        """Run the query at a new interval: stop it between steps and start it again."""
+        if self.query is not None:
+            stop_between_steps(self.query)
+            self.query = None
+            self.schedule(trigger_seconds)
+
+    def stop(self) -> None:
+        if self.query is not None:
+            stop_between_steps(self.query)
+            log.info("view %s stopped", self.view_id)
+
+    def failure(self) -> str | None:
+        """Why the view's query died, if it did."""
+        if self.query is not None and not self.query.isActive and self.query.exception() is not None:
+            return str(self.query.exception())
+        return None
+
+    def allow_compaction(self, frontier: int) -> None:
+        with self._lock:
+            if frontier > self.since:
+                self.since = frontier
+                self._compact_to = frontier
+
+    def _before_step(self) -> None:
+        with self._lock:
+            target = self._compact_to
+        if target is None or self.view.read_only:
+            return
+        try:
+            result = compact(self.view.spark, self.view.shard, self.view.schema, target)
+        except Exception:
+            log.exception("compaction of view %s to %d failed; retrying at the next step",
+                          self.view_id, target)
+            return
+        log.info("view %s compacted to since %d: %s", self.view_id, target, result)
+        with self._lock:
+            if self._compact_to == target:
+                self._compact_to = None
+
+    def status(self) -> dict:
+        return {
+            "hydrated": self.view.frontier() is not None,
+            "frontier": self.view.frontier(),
+            "since": self.since,
+            "scheduled": self.scheduled,
+            "query_id": str(self.query.id) if self.query is not None else None,
+            "hydrations": self.view.hydrations,
+            "steps": self.view.steps,
+            "read_only": self.view.read_only,
+            "failed": self.failure(),
+        }
