@@ -46,7 +46,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from mvsink.append import REASON_COMPACTION, Shard
-from mvsink.correction.readback import _file_uri
+from mvsink.correction.readback import file_uri
 from mvsink.inputs import latest_version
 from mvsink.mint import Description
 from mvsink.read import since_of
@@ -148,7 +148,7 @@ def _earliest_time(action: dict) -> int | None:
 def _rewrite(spark: SparkSession, shard: Shard, schema: T.StructType, files: list[tuple[str, int]],
              desc: Description) -> StagedBatch:
     """Stage ``files``' updates with times advanced to `desc.lower`, consolidated."""
-    uris = [_file_uri(shard.target, path) for path, _ in files]
+    uris = [file_uri(shard.target, path) for path, _ in files]
     updates = normalize(spark.read.schema(schema).parquet(*uris), schema)
     compacted = consolidate(advance_times(updates, desc.lower))
     partitions = max(1, math.ceil(sum(size for _, size in files) / _FILE_BYTES))

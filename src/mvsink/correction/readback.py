@@ -74,7 +74,7 @@ class ReadBack:
             raise ReadBackError(f"{self.shard.target} has deletion vectors, which mvsink cannot read back")
         files = set(table.get_add_actions(flatten=True).column("path").to_pylist())
         added, removed = files - self.files, self.files - files
-        foreign, repaired = self._classify(table, version)
+        foreign, repaired = self._classify(version)
         parts = []
         if added:
             parts.append(self._read(added))
@@ -88,17 +88,15 @@ class ReadBack:
         self.version, self.files = version, files
         return Persisted(version, upper, updates, foreign, repaired)
 
-    def _classify(self, table, version: int) -> tuple[list[int], list[int]]:
+    def _classify(self, version: int) -> tuple[list[int], list[int]]:
         """Versions after the last poll that are foreign writes, and versions repaired by mvsink."""
         if self.version < 0:
             return [], []
         foreign, repaired = [], []
-        history = storage.retrying(f"reading the history of {self.shard.target}", table.history,
-                                   version - self.version)
-        for info in history:
-            v = info.get("version")
-            if v is None or v <= self.version:
-                continue
+        # Each version's own log entry: delta-rs' history() numbers commits newer than the loaded
+        # snapshot from the snapshot's version, so its versions can be off under concurrency.
+        for v in range(self.version + 1, version + 1):
+            info = self.shard.commit_info(v)
             if info.get(META_VIEW) == self.shard.view_id:
                 repaired.extend(_as_list(info.get(META_REPAIRS)))
             elif info.get("operation") not in _CONTENT_PRESERVING:
@@ -106,7 +104,7 @@ class ReadBack:
         return sorted(foreign), repaired
 
     def _read(self, paths: set[str]) -> DataFrame:
-        uris = [_file_uri(self.shard.target, p) for p in sorted(paths)]
+        uris = [file_uri(self.shard.target, p) for p in sorted(paths)]
         return normalize(self.spark.read.schema(self.schema).parquet(*uris), self.schema)
 
 
@@ -118,7 +116,7 @@ def _as_list(value) -> list[int]:
     return [int(v) for v in value]
 
 
-def _file_uri(target: str, path: str) -> str:
+def file_uri(target: str, path: str) -> str:
     path = unquote(path)
     if "://" in path or path.startswith("/"):
         return path
