@@ -67,7 +67,7 @@ def serve(state: ComputeState, address: str) -> grpc.Server:
             yield encode(response)
 
     def history(_request, _context):
-        commands = [json.loads(encode(c)) for c in state.history]
+        commands = [json.loads(encode(c)) for c in list(state.history)]
         return json.dumps(commands, sort_keys=True, separators=(",", ":")).encode()
 
     handler = grpc.method_handlers_generic_handler(SERVICE, {
