@@ -150,6 +150,9 @@ class ComputeState:
             except ProtocolError as exc:
                 log.warning("refused %s: %s", type(command).__name__, exc)
                 conn.send(Error(type(command).__name__, str(exc)))
+            except Exception as exc:
+                log.exception("%s failed", type(command).__name__)
+                conn.send(Error(type(command).__name__, f"failed: {exc}"))
 
     def _handle(self, command) -> None:
         name = type(command).__name__
