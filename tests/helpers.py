@@ -391,15 +391,40 @@ def assert_race_log(table, winners: dict[int, tuple[int, str]], rounds: int) -> 
     return commits
 
 
-def run_racers(racer, target: str, processes: int, out_dir, timeout: float) -> list[str]:
-    """Run ``racer(target, i, barrier, done, out_path)`` in ``processes`` spawned processes, all
-    passing one barrier per round; returns their attempt logs' paths."""
+def race(target: str, proc: int, barrier, done, out_path: str, rounds: int) -> None:
+    """One racing process: each round, stage a row at the upper and compare-and-append it, until
+    the upper reaches ``rounds``; writes its attempts (lower, won, file) to ``out_path``."""
+    import json
+
+    from mvsink.append import Shard, compare_and_append
+
+    shard = Shard(target, "mvsink:race", "race", f"p{proc}")
+    attempts = []
+    while True:
+        barrier.wait()
+        if done.value:
+            break
+        upper = shard.upper()
+        if upper >= rounds:
+            done.value = 1
+            continue
+        batch = stage_row(target, f"mvsink-race-{upper}-{upper + 1}-p{proc}.parquet", proc, upper)
+        result = compare_and_append(shard, batch.desc, batch, "correction")
+        attempts.append({"lower": upper, "won": result.appended, "file": batch.files[0].path})
+    with open(out_path, "w") as f:
+        json.dump(attempts, f)
+
+
+def run_racers(target: str, processes: int, rounds: int, out_dir, timeout: float) -> list[str]:
+    """Run :func:`race` in ``processes`` spawned processes, all passing one barrier per round;
+    returns their attempt logs' paths."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     barrier, done = ctx.Barrier(processes), ctx.Value("i", 0)
     outs = [str(out_dir / f"p{i}.json") for i in range(processes)]
-    procs = [ctx.Process(target=racer, args=(target, i, barrier, done, outs[i])) for i in range(processes)]
+    procs = [ctx.Process(target=race, args=(target, i, barrier, done, outs[i], rounds))
+             for i in range(processes)]
     for p in procs:
         p.start()
     for p in procs:

@@ -3,16 +3,15 @@ through a real HTTP S3 server (moto), with conditional PUTs for the log entries.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
 from deltalake import DeltaTable
 
 from helpers import (S3_BUCKET, assert_race_log, list_files, race_outcome, row_schema, run_racers,
-                     s3_server_fixture, stage_row)
+                     s3_server_fixture)
 from mvsink import storage
-from mvsink.append import META_COMMIT, Shard, compare_and_append
+from mvsink.append import META_COMMIT
 
 PROCESSES = 3
 ROUNDS = 100
@@ -24,31 +23,13 @@ def s3(tmp_path_factory):
     yield from s3_server_fixture(tmp_path_factory)
 
 
-def _racer(target: str, proc: int, barrier, done, out_path: str) -> None:
-    shard = Shard(target, "mvsink:race", "race", f"p{proc}")
-    attempts = []
-    while True:
-        barrier.wait()
-        if done.value:
-            break
-        upper = shard.upper()
-        if upper >= ROUNDS:
-            done.value = 1
-            continue
-        batch = stage_row(target, f"mvsink-race-{upper}-{upper + 1}-p{proc}.parquet", proc, upper)
-        result = compare_and_append(shard, batch.desc, batch, "correction")
-        attempts.append({"lower": upper, "won": result.appended, "file": batch.files[0].path})
-    with open(out_path, "w") as f:
-        json.dump(attempts, f)
-
-
 def test_processes_racing_on_one_s3_table_have_exactly_one_winner_per_round(s3, tmp_path):
     target = f"s3://{S3_BUCKET}/race"
     # A checkpoint every 10 commits keeps each load of the table to a few requests (delta-rs's
     # default is 100: every racer would read the whole log each round).
     DeltaTable.create(target, schema=SCHEMA, storage_options=storage.storage_options(target),
                       configuration={"delta.checkpointInterval": "10"})
-    outs = run_racers(_racer, target, PROCESSES, tmp_path, timeout=1200)
+    outs = run_racers(target, PROCESSES, ROUNDS, tmp_path, timeout=1200)
 
     winners, contested, attempts = race_outcome(outs, ROUNDS)
     print(f"S3: {PROCESSES} processes, {ROUNDS} rounds, {contested} contested, {attempts} commit attempts, "

@@ -160,6 +160,12 @@ def spec_from_yaml(path: str | os.PathLike) -> dict:
     return spec
 
 
+def shared_spec(spec: dict) -> dict:
+    """The specification without the settings that belong to one replica (read_only, replica_id):
+    what every replica of the view is given in ``CreateDataflow``."""
+    return {k: v for k, v in spec.items() if k not in ("read_only", "replica_id")}
+
+
 def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None) -> ViewDefinition:
     """The view a specification (see :func:`spec_from_yaml`) defines, for one replica."""
     if not isinstance(spec, dict):

@@ -30,7 +30,7 @@ from mvsink.replica.protocol import (PEEK_CANCELED, PEEK_ROWS, AllowCompaction, 
                                      InitializationComplete, Peek, PeekResponse, Schedule, Status,
                                      UpdateConfiguration, decode, decode_response, encode)
 from mvsink.replica.server import CHANNEL_OPTIONS, HISTORY_METHOD, STREAM_METHOD
-from mvsink.view import spec_from_yaml
+from mvsink.view import shared_spec, spec_from_yaml
 
 log = logging.getLogger(__name__)
 
@@ -250,8 +250,7 @@ class Controller:
 
 def view_spec(path: str) -> dict:
     """A view specification from a YAML file, without the settings that belong to one replica."""
-    spec = spec_from_yaml(path)
-    return {k: v for k, v in spec.items() if k not in ("read_only", "replica_id")}
+    return shared_spec(spec_from_yaml(path))
 
 
 def cutover(old: Controller, new: Controller, view_id: str, timeout: float = 600.0,

@@ -29,7 +29,7 @@ import time
 from mvsink.replica.protocol import (CreateDataflow, CreateInstance, CreateTimely,
                                      InitializationComplete, Schedule)
 from mvsink.replica.state import ComputeState, LogConnection
-from mvsink.view import ConfigError, default_replica_id, spec_from_yaml
+from mvsink.view import ConfigError, default_replica_id, shared_spec, spec_from_yaml
 
 log = logging.getLogger("mvsink.replica")
 
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if spec is not None:
         own = LogConnection()
         state.connect(own)
-        view = {k: v for k, v in spec.items() if k not in ("read_only", "replica_id")}
+        view = shared_spec(spec)
         for command in (CreateTimely(), CreateInstance(args.orphan_grace_seconds), CreateDataflow(view),
                         Schedule(view["view_id"]), InitializationComplete()):
             state.handle(own, command)

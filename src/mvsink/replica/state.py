@@ -15,10 +15,10 @@ and are handled one at a time, in order. Stages are enforced per connection:
 A command out of order, for an unknown view, or with bad arguments is answered with an
 :class:`Error` and changes nothing.
 
-Reconciliation: the history is reduced (peeks dropped); a view the new commands create with the
-same specification as a running, healthy view keeps running: no restart, no re-hydration. Every
-other running view is dropped, every other command is applied as if on a fresh replica, pending
-peeks of the old connection are forgotten and every view's frontier is reported afresh.
+Reconciliation: a view the new commands create with the same specification as a running, healthy
+view keeps running: no restart, no re-hydration. Every other running view is dropped, every other
+command is applied as if on a fresh replica, pending peeks of the old connection are forgotten,
+every view's frontier is reported afresh, and the history becomes the new commands, reduced.
 
 Reports: ``FrontierUpper`` whenever a view's frontier (:meth:`MaterializedView.frontier`) passes
 the last one reported on this connection — so never backwards and never twice — and the empty
@@ -206,7 +206,6 @@ class ComputeState:
     def _complete_initialization(self) -> None:
         """Reconcile what runs with the commands of this initialization (see the module doc)."""
         commands, self._initializing = self._initializing, []
-        self.history.reduce()
         wanted = {c.view["view_id"]: c.view for c in commands
                   if isinstance(c, CreateDataflow) and isinstance(c.view, dict)}
         retained = {view_id for view_id, running in self.views.items()
