@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -37,6 +38,16 @@ def _sql(value) -> str:
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
     return str(value)
+
+
+def view_upper_of(target: str, view_id: str) -> int | None:
+    """The view's upper (None before the target exists); local or S3."""
+    from mvsink.check import table_at
+    from mvsink.table import latest_version
+
+    if latest_version(target) is None:
+        return None
+    return table_at(target).transaction_version(f"mvsink:{view_id}") or 0
 
 
 def write_config(path: Path, **settings) -> Path:
@@ -86,6 +97,43 @@ class Replica:
 
     def logs(self) -> str:
         return "\n".join(p.read_text() for p in sorted(self.log_dir.glob(f"{self.replica_id}-*.log")))
+
+
+def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, edit: Callable[[int], None],
+                       target: str, view_id: str, pause: tuple[float, float] = (0.5, 3.0)) -> int:
+    """Make source commits (``edit(n)``) and kill (SIGKILL or SIGTERM) a replica ``restarts``
+    times, the replicas in turn. A victim stays down, while the edits go on, until another replica
+    has won a commit that writes updates, so every run shows the survivors taking over; then it
+    restarts. Makes at least ``commits`` edits, more while a takeover or a restart is pending (at
+    most three times as many). At the end every replica is alive. Returns the number of restarts."""
+    kill_at = sorted(rng.sample(range(2, commits - 4), restarts))
+    down: tuple[Replica, int] | None = None  # the victim, and the data commits others had won when it died
+    n = done = 0
+    while n < commits or done < restarts or down:
+        assert n < 3 * commits, f"no replica took over from {down[0].replica_id if down else '?'} in {n} edits"
+        edit(n)
+        n += 1
+        if down and _data_commits_by_others(target, view_id, down[0]) > down[1]:
+            down[0].start()
+            down = None
+        if down is None and done < restarts and n >= kill_at[done]:
+            victim = fleet[done % len(fleet)]
+            victim.kill(rng.choice([signal.SIGKILL, signal.SIGTERM]))
+            down = (victim, _data_commits_by_others(target, view_id, victim))
+            done += 1
+        time.sleep(rng.uniform(*pause))
+    for replica in fleet:
+        assert replica.alive(), replica.logs()[-3000:]
+    return done
+
+
+def _data_commits_by_others(target: str, view_id: str, victim: Replica) -> int:
+    """How many of the view's commits that write updates were won by replicas other than ``victim``."""
+    from mvsink.check import table_at
+
+    return sum(1 for info in table_at(target).history()
+               if info.get("mvsink.view") == view_id and info.get("mvsink.reason") != "advance-upper"
+               and info.get("mvsink.replica") not in (None, victim.replica_id))
 
 
 def free_port() -> int:

@@ -23,6 +23,7 @@ from mvsink import (ChangesInput, MaterializedView, NotReadable, ViewDefinition,
 import mvsink.append.compact as compaction
 from mvsink.append import Shard, compare_and_append
 from mvsink.append.compact import CompactionResult, compact, files_below
+from mvsink.check import TimelineReader
 from mvsink.cleanup import referenced_files
 from mvsink.mint import Description
 from mvsink.read import _newest_first, updates
@@ -170,20 +171,23 @@ def test_compaction_advances_old_times_in_one_commit_and_keeps_the_readable_cont
 def test_a_replica_reads_a_compaction_back_as_no_change(spark, tmp_path):
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a"), (2, "b")])
-    insert(spark, src, [(3, "c"), (1, "a2")])
     view = ViewDefinition("rb", tgt, ChangesInput(src), replica_id="r1")
     mv = MaterializedView(spark, view)
-    assert mv.run_until_caught_up().upper == 3  # source versions 0 (empty) to 2
-    result = compact(spark, Shard(tgt, view.app_id, "rb", "compactor"), mv.schema, 2)
+    assert mv.run_until_caught_up().upper == 1  # time 0: source version 1
+    insert(spark, src, [(3, "c"), (1, "a2")])
+    assert mv.run_until_caught_up().upper == 2  # time 1: source version 2
+    assert [TimelineReader(view.timeline).version(t) for t in range(2)] == [1, 2]
+    result = compact(spark, Shard(tgt, view.app_id, "rb", "compactor"), mv.schema, 1)
     assert result.files_removed >= 1 and result.files_added == 1
 
     report = mv.step()
     assert report.corrections == 0 and report.desc is None and not mv.pending_repairs
+    assert report.minted_time is None, "a compaction is no drift: no repair time"
     assert DeltaTable(tgt).version() == result.version, "nothing to correct, nothing to repair"
     insert(spark, src, [(4, "d")])
-    assert mv.run_until_caught_up().upper == 4
+    assert mv.run_until_caught_up().upper == 3
     latest = DeltaTable(tgt).history(1)[0]
-    assert latest["mvsink.reason"] == "correction" and latest["mvsink.lower"] == 3
+    assert latest["mvsink.reason"] == "correction" and latest["mvsink.lower"] == 2
     assert sum(json.loads(a["add"]["stats"])["numRecords"]
                for a in _log_entry(tgt, latest["version"]) if "add" in a) == 1, "only the new row"
     assert Counter(tuple(r) for r in read_view(spark, tgt, "rb").collect()) == Counter(

@@ -1,66 +1,73 @@
-"""Damage done behind mvsink's back is corrected by the next batch, and the repair says so."""
+"""Damage done behind mvsink's back is repaired at once, with every source idle, and the repair
+restores the view's history exactly: every time in `[since, upper)`, not only from the repair on."""
 
 from __future__ import annotations
 
-from collections import Counter
-
+import pytest
 from deltalake import DeltaTable
 
 from helpers import create_source, insert
 from mvsink import ChangesInput, MaterializedView, ViewDefinition, read_view
-from mvsink.check import expected_from_source
+from mvsink.check import TimelineReader, check_table, expected_from_source, table_at
 
 
-def _latest_commit(tgt):
-    return DeltaTable(tgt).history(1)[0]
+def _append(spark, tgt, upper):
+    """Bogus rows: at a past time, at a future one, and without time or diff (read as time 0)."""
+    spark.sql(f"INSERT INTO delta.`{tgt}` VALUES (99, 'bogus', NULL, 1, 1), (3, 'v3', NULL, 0, 5), "
+              f"(97, 'from the future', NULL, {upper + 2}, 1)")
+    spark.sql(f"INSERT INTO delta.`{tgt}` (id, v) VALUES (98, 'no time, no diff')")
 
 
-def _assert_view_is_source(spark, src, tgt):
-    expected = expected_from_source(src, ["id", "v"])
-    upper = DeltaTable(tgt).transaction_version("mvsink:fix")
-    got = Counter(tuple(r) for r in read_view(spark, tgt, "fix").collect())
-    assert got == expected(upper - 1)
+def _delete(spark, tgt, upper):
+    spark.sql(f"DELETE FROM delta.`{tgt}` WHERE id IN (2, 6)")
 
 
-def _damage_then_repair(spark, src, tgt, mv, damage, new_row):
-    damage()
-    damaged_at = DeltaTable(tgt).version()
-    insert(spark, src, [new_row])           # the next source version: a time to write the repair at
-    mv.run_until_caught_up()
-    _assert_view_is_source(spark, src, tgt)
-    repairs = [h for h in DeltaTable(tgt).history(5) if h.get("mvsink.reason") == "repair"]
-    assert repairs, "the correcting commit is marked as a repair"
-    assert damaged_at in repairs[0]["mvsink.repairs"]
-    return repairs[0]
+def _update(spark, tgt, upper):
+    spark.sql(f"UPDATE delta.`{tgt}` SET v = 'evil', _mv_time = 0 WHERE id IN (3, 7)")
 
 
-def test_bogus_rows_delete_and_overwrite_are_all_corrected(spark, tmp_path):
+def _overwrite(spark, tgt, upper):
+    garbage = spark.createDataFrame([(1, "junk", None, 0, 1)], "id BIGINT, v STRING, _mv_error STRING, "
+                                                                "_mv_time BIGINT, _mv_diff BIGINT")
+    garbage.write.format("delta").mode("overwrite").save(tgt)
+
+
+@pytest.mark.parametrize("damage", [_append, _delete, _update, _overwrite], ids=lambda d: d.__name__[1:])
+def test_damage_with_idle_sources_is_repaired_in_history_within_two_steps(spark, tmp_path, damage):
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(i, f"v{i}") for i in range(1, 6)])
-    mv = MaterializedView(spark, ViewDefinition("fix", tgt, ChangesInput(src), key=("id",), replica_id="r1"))
+    view = ViewDefinition("fix", tgt, ChangesInput(src), key=("id",), replica_id="r1")
+    mv = MaterializedView(spark, view)
     mv.run_until_caught_up()
-    _assert_view_is_source(spark, src, tgt)
-
-    def bogus_rows():
-        spark.sql(f"INSERT INTO delta.`{tgt}` VALUES (99, 'bogus', NULL, 1, 1), (3, 'v3', NULL, 0, 5)")
-        spark.sql(f"INSERT INTO delta.`{tgt}` (id, v) VALUES (98, 'no time, no diff')")
-
-    _damage_then_repair(spark, src, tgt, mv, bogus_rows, (6, "v6"))
-
-    def delete():
-        spark.sql(f"DELETE FROM delta.`{tgt}` WHERE id IN (2, 6)")
-
-    _damage_then_repair(spark, src, tgt, mv, delete, (7, "v7"))
-
-    def overwrite():
-        garbage = spark.createDataFrame([(1, "junk", None, 0, 1)], "id BIGINT, v STRING, _mv_error STRING, "
-                                                                    "_mv_time BIGINT, _mv_diff BIGINT")
-        garbage.write.format("delta").mode("overwrite").save(tgt)
-
-    repair = _damage_then_repair(spark, src, tgt, mv, overwrite, (8, "v8"))
-    assert repair["mvsink.replica"] == "r1"
-    # After the repairs, ordinary corrections are ordinary again.
-    insert(spark, src, [(9, "v9")])
+    for row in [(6, "v6"), (7, "v7")]:              # a history of three times
+        insert(spark, src, [row])
+        mv.run_until_caught_up()
+    spark.sql(f"UPDATE delta.`{src}` SET v = 'w3' WHERE id = 3")
     mv.run_until_caught_up()
-    assert _latest_commit(tgt)["mvsink.reason"] == "correction"
-    _assert_view_is_source(spark, src, tgt)
+    source_version, timeline = DeltaTable(src).version(), TimelineReader(view.timeline)
+    expected = expected_from_source(src, ["id", "v"], timeline=view.timeline)
+
+    damage(spark, tgt, DeltaTable(tgt).transaction_version("mvsink:fix"))
+    damaged_at = DeltaTable(tgt).version()
+    damaged = check_table(tgt, "fix", ["id", "v"], expected, from_version=damaged_at)
+    assert not damaged.ok, "the damage makes some time wrong"
+
+    mv.step()
+    mv.step()
+    assert DeltaTable(src).version() == source_version, "no source commit was needed"
+    last = DeltaTable(tgt).version()
+    repaired = check_table(tgt, "fix", ["id", "v"], expected, from_version=last)
+    assert repaired.ok, repaired.problems
+    assert repaired.times_checked == DeltaTable(tgt).transaction_version("mvsink:fix"), "every time, from 0"
+    repair = next(h for h in table_at(tgt).history() if h.get("mvsink.reason") == "repair")
+    assert damaged_at in repair["mvsink.repairs"] and repair["mvsink.history_updates"] > 0
+    repair_time = int(repair["mvsink.lower"])
+    assert timeline.versions(repair_time) == timeline.versions(repair_time - 1), "a repair time, same versions"
+
+    # The table stays right from there on, also once the upper passes a bogus future time.
+    for row in [(8, "v8"), (9, "v9"), (10, "v10")]:
+        insert(spark, src, [row])
+        mv.run_until_caught_up()
+    final = check_table(tgt, "fix", ["id", "v"], expected, from_version=DeltaTable(tgt).version())
+    assert final.ok, final.problems
+    assert {r.id for r in read_view(spark, tgt, "fix").collect()} == {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}

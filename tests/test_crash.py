@@ -9,7 +9,7 @@ import pytest
 from deltalake import DeltaTable
 
 from helpers import Replica, create_source, insert, wait_for, write_config
-from mvsink.check import check_table, expected_from_source
+from mvsink.check import caught_up, check_table, expected_from_source
 
 
 def _upper(tgt):
@@ -33,7 +33,7 @@ def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path, failpo
     logs = tmp_path / "logs"
     logs.mkdir()
     healthy = Replica(config, "r0", logs, "--orphan-grace-seconds", "0").start()
-    wait_for(lambda: _upper(tgt) == DeltaTable(src).version() + 1, timeout=240, what="the first commits", watch=(healthy,))
+    wait_for(lambda: caught_up(tgt, "crashy"), timeout=240, what="the first commits", watch=(healthy,))
     healthy.kill(signal.SIGTERM)
 
     marker = tmp_path / "frozen"
@@ -51,10 +51,10 @@ def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path, failpo
     spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 1")
     restarted = Replica(config, "r0", logs, "--orphan-grace-seconds", "0").start()
     try:
-        wait_for(lambda: _upper(tgt) == DeltaTable(src).version() + 1, timeout=240, what="catching up", watch=(restarted,))
+        wait_for(lambda: caught_up(tgt, "crashy"), timeout=240, what="catching up", watch=(restarted,))
         wait_for(lambda: not (leftovers & _staged(tgt)), timeout=60, what="orphans to be cleaned up", watch=(restarted,))
     finally:
         restarted.kill(signal.SIGTERM)
-    result = check_table(tgt, "crashy", ["id", "v"], expected_from_source(src, ["id", "v"]))
+    result = check_table(tgt, "crashy", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=tgt + "_timeline"))
     assert result.ok, result.problems
     assert _committed(tgt) <= set(os.listdir(tgt)), "cleanup never deletes a committed file"

@@ -15,8 +15,8 @@ import textwrap
 
 from deltalake import DeltaTable
 
-from helpers import ROOT, Replica, create_source, insert, write_config
-from mvsink.check import check_table, expected_from_source
+from helpers import ROOT, Replica, create_source, insert, view_upper_of, wait_for, write_config
+from mvsink.check import caught_up, check_table, expected_from_source
 from mvsink.replica.controller import Controller
 
 VIEW = "shop"
@@ -52,7 +52,8 @@ def test_blue_green_cutover_to_a_changed_definition(spark, tmp_path):
         assert f"view {VIEW} created" in out
         with Controller(blue.address, timeout=300) as ctl:
             ctl.connect()
-            ctl.wait_frontier(VIEW, DeltaTable(src).version() + 1)
+            wait_for(lambda: caught_up(tgt, VIEW), timeout=300, what="blue to catch up", watch=(blue,))
+            ctl.wait_frontier(VIEW, view_upper_of(tgt, VIEW))
         mvsink("--replica", green.address, "create", "--config", str(new))
         for i in range(3, 6):
             insert(spark, src, [(i, f"v{i}")])
@@ -65,7 +66,8 @@ def test_blue_green_cutover_to_a_changed_definition(spark, tmp_path):
         with Controller(green.address, timeout=300) as ctl:
             ctl.connect()
             assert not ctl.status().read_only
-            ctl.wait_frontier(VIEW, DeltaTable(src).version() + 1)
+            wait_for(lambda: caught_up(tgt, VIEW), timeout=300, what="green to catch up", watch=(green,))
+            ctl.wait_frontier(VIEW, view_upper_of(tgt, VIEW))
         assert "view shop: " not in mvsink("--replica", blue.address, "status"), "blue dropped the view"
         peeked = mvsink("--replica", green.address, "peek", VIEW, "--where", "id = 6")
         assert "V6" in peeked
@@ -75,8 +77,8 @@ def test_blue_green_cutover_to_a_changed_definition(spark, tmp_path):
         first_green = writers.index("green")
         assert "blue" not in writers[first_green:], "blue wrote after the cutover"
         switch_version, switch_lower = history[first_green]["version"], int(history[first_green]["mvsink.lower"])
-        old_view = expected_from_source(src, ["id", "v"])
-        new_view = expected_from_source(src, ["id", "v"], map_row=shout)
+        old_view = expected_from_source(src, ["id", "v"], timeline=tgt + "_timeline")
+        new_view = expected_from_source(src, ["id", "v"], map_row=shout, timeline=tgt + "_timeline")
         before = check_table(tgt, VIEW, ["id", "v"], old_view)
         assert not [v for v in before.bad_times if v < switch_version], before.problems
         after = check_table(tgt, VIEW, ["id", "v"],

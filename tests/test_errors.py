@@ -39,11 +39,12 @@ def test_bad_rows_become_error_updates_and_retract_when_fixed(spark, tmp_path):
     mv.run_until_caught_up()
     assert {tuple(r) for r in read_view(spark, tgt, "amounts").collect()} == {(1, 10, "#1"), (2, 20, "#2")}
 
-    insert(spark, src, [(4, "x4")])                       # a failed cast in the user function
-    insert(spark, src, [(None, "5")])                     # a null key
-    insert(spark, src, [(1, "11")])                       # key 1 now has two different rows
-    insert(spark, src, [(6, "99999999999")])              # does not fit INT: a failed conversion
-    report = mv.run_until_caught_up()
+    for row in [(4, "x4"),                                # a failed cast in the user function
+                (None, "5"),                              # a null key
+                (1, "11"),                                # key 1 now has two different rows
+                (6, "99999999999")]:                      # does not fit INT: a failed conversion
+        insert(spark, src, [row])
+        report = mv.run_until_caught_up()                 # one time each
     t = report.upper - 1
     errors = _errors(spark, tgt, t)
     assert len(errors) == 4, errors
@@ -99,13 +100,16 @@ def test_times_going_backwards_stop_the_view(spark, tmp_path):
     insert(spark, src, [(3, "c")])
     view = ViewDefinition("v", tgt, ChangesInput(src), replica_id="r1")
     mv = MaterializedView(spark, view)
-    mv.run_until_caught_up()
+    mv.run_until_caught_up()                            # time 0 = source version 3
     shutil.rmtree(src)
     create_source(spark, src, [(9, "z")])               # recreated: versions start over
-    with pytest.raises(TimeWentBackwards, match="went back from version 3 to 1"):
-        mv.step()
     version = DeltaTable(tgt).version()
-    with pytest.raises(TimeWentBackwards, match="upper 4 is past the source's latest version 1"):
+    with pytest.raises(TimeWentBackwards, match=r"time 0 stands for version 3 of source src .*which is now at 1"):
+        mv.step()
+    with pytest.raises(TimeWentBackwards, match="which is now at 1; was a source recreated or restored"):
+        MaterializedView(spark, view)
+    shutil.rmtree(view.timeline)                        # a timeline lost: the target is past it
+    with pytest.raises(TimeWentBackwards, match="the target's upper 1 is past the upper 0 of its timeline"):
         MaterializedView(spark, view)
     assert DeltaTable(tgt).version() == version
 

@@ -18,14 +18,17 @@ import grpc
 import pytest
 from deltalake import DeltaTable
 
-from helpers import Replica, create_source, insert, wait_for, write_config
-from mvsink.check import check_table, expected_from_source
+from helpers import Replica, create_source, insert, view_upper_of, wait_for, write_config
+from mvsink import ChangesInput, ViewDefinition
+from mvsink.check import caught_up, check_table, expected_from_source
 from mvsink.replica.controller import Controller, ControllerError, view_spec
 from mvsink.replica.history import CommandHistory
 from mvsink.replica.protocol import (AllowCompaction, CreateDataflow, CreateInstance,
                                      CreateTimely, Error, FrontierUpper, InitializationComplete, Peek,
                                      PeekResponse, Schedule, Status, decode_response, encode)
 from mvsink.replica.server import STREAM_METHOD
+from mvsink.table import latest_version
+from mvsink.timeline import REASON_SOURCES, Timeline
 
 VIEW = "orders"
 
@@ -74,12 +77,23 @@ def env(spark, tmp_path_factory):
     replica.kill(signal.SIGTERM)
 
 
-def _source_version(env) -> int:
-    return DeltaTable(env.src).version()
+def _timeline(env) -> str:
+    return env.tgt + "_timeline"
+
+
+def _expected_view(env):
+    return expected_from_source(env.src, ["id", "v"], timeline=_timeline(env))
 
 
 def _expected(env, t: int) -> Counter:
-    return expected_from_source(env.src, ["id", "v"])(t)
+    return _expected_view(env)(t)
+
+
+def _caught_up(env, ctl: Controller, timeout: float = 120) -> int:
+    """Wait until the table has every time and the latest stands for the source's newest version,
+    and the replica reports that frontier; returns it."""
+    wait_for(lambda: caught_up(env.tgt, VIEW), timeout, what="the view to catch up", watch=(env.replica,))
+    return ctl.wait_frontier(VIEW, view_upper_of(env.tgt, VIEW), timeout=timeout)
 
 
 def _rows(table) -> Counter:
@@ -144,19 +158,31 @@ def test_stages_are_enforced_in_order(env):
 def test_read_only_view_computes_then_writes_after_allow_writes(env):
     ctl = env.ctl = Controller(env.replica.address, timeout=180).connect()
     ctl.create_view(view_spec(env.config))
+    status = ctl.wait_status(lambda s: VIEW in s.views and s.views[VIEW]["scheduled"], "scheduling")
+    assert status.read_only and not status.views[VIEW]["hydrated"]
+    time.sleep(3)
+    # Read-only, it mints no time: with no timeline there is nothing to compute, nor to write.
+    assert not ctl.status().views[VIEW]["hydrated"] and VIEW not in ctl.frontiers
+    assert not DeltaTable.is_deltatable(env.tgt) and not DeltaTable.is_deltatable(_timeline(env))
+
+    # Another writer on the timeline mints time 0; the read-only replica computes it.
+    definition = ViewDefinition(VIEW, env.tgt, ChangesInput(env.src))
+    latest = latest_version(env.src)
+    assert Timeline(definition.timeline, definition.sources, "elsewhere").extend(
+        {name: latest for name in definition.sources}, REASON_SOURCES, at=0)
     status = ctl.wait_status(lambda s: VIEW in s.views and s.views[VIEW]["hydrated"], "hydration")
     assert status.read_only and status.views[VIEW]["scheduled"]
-    latest = _source_version(env)
     assert ctl.wait_frontier(VIEW, 0, timeout=60) == 0, "nothing in the table yet"
     time.sleep(2)
     assert not DeltaTable.is_deltatable(env.tgt), "a read-only replica writes nothing"
+    assert DeltaTable(_timeline(env)).version() == 1, "a read-only replica mints no time"
 
     ctl.allow_writes()
-    ctl.wait_frontier(VIEW, latest + 1, timeout=120)
-    assert DeltaTable(env.tgt).transaction_version(f"mvsink:{VIEW}") == latest + 1
+    assert _caught_up(env, ctl) == 1, "time 0 was the source's newest version: no time to mint"
+    assert DeltaTable(env.tgt).transaction_version(f"mvsink:{VIEW}") == 1
     insert(env.spark, env.src, [(4, "d")])
-    ctl.wait_frontier(VIEW, latest + 2, timeout=120)
-    result = check_table(env.tgt, VIEW, ["id", "v"], expected_from_source(env.src, ["id", "v"]))
+    assert _caught_up(env, ctl) == 2
+    result = check_table(env.tgt, VIEW, ["id", "v"], _expected_view(env))
     assert result.ok, result.problems
     assert_frontiers_advance(ctl.responses)
 
@@ -222,8 +248,7 @@ def test_allow_compaction_compacts_the_table(env):
     ctl = env.ctl
     for i in range(7, 9):
         insert(env.spark, env.src, [(i, f"v{i}")])
-    ctl.wait_frontier(VIEW, _source_version(env) + 1, timeout=120)
-    upper = ctl.frontiers[VIEW]
+        upper = _caught_up(env, ctl)          # one time each
     since = upper - 2
     before = {t: _rows(ctl.peek(VIEW, t)) for t in range(since, upper)}
     ctl.compact(VIEW, since)
@@ -259,7 +284,7 @@ def test_reconnect_keeps_compatible_views_and_replaces_others(env):
         assert kept["query_id"] == running["query_id"] and kept["hydrations"] == 1
         wait_for(lambda: again.frontiers.get(VIEW), 30, 0.1, "the frontier, reported afresh")
         insert(env.spark, env.src, [(9, "i")])
-        again.wait_frontier(VIEW, _source_version(env) + 1, timeout=120)
+        _caught_up(env, again)
         assert_frontiers_advance(again.responses)
         assert again.status().views[VIEW]["query_id"] == running["query_id"]
 
@@ -271,17 +296,18 @@ def test_reconnect_keeps_compatible_views_and_replaces_others(env):
         replaced = other.status().views[VIEW]
         assert replaced["query_id"] != running["query_id"]
         assert "reconciliation: view orders is not requested as it runs" in env.replica.logs()
-        other.wait_frontier(VIEW, _source_version(env) + 1, timeout=120)
-        result = check_table(env.tgt, VIEW, ["id", "v"], expected_from_source(env.src, ["id", "v"]))
+        _caught_up(env, other)
+        result = check_table(env.tgt, VIEW, ["id", "v"], _expected_view(env))
         assert result.ok, result.problems
         # Drop: the empty frontier once, then nothing more for the view.
         other.drop(VIEW)
         assert other.frontiers[VIEW] is None and VIEW not in other.wait_status(
             lambda s: VIEW not in s.views, "the drop").views
-        version = DeltaTable(env.tgt).version()
+        version, timeline_version = DeltaTable(env.tgt).version(), DeltaTable(_timeline(env)).version()
         insert(env.spark, env.src, [(10, "j")])
         time.sleep(4)
         assert DeltaTable(env.tgt).version() == version, "a dropped view's query has stopped"
+        assert DeltaTable(_timeline(env)).version() == timeline_version, "and mints no time"
         assert_frontiers_advance(other.responses)
 
     # A controller that does not ask for a view finds none running.

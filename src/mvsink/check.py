@@ -1,7 +1,8 @@
 """An independent check that a target table holds its view, at every committed version.
 
-It shares nothing with the sink: it reads the source's snapshots and the target's versions with
-delta-rs and pyarrow, computes the desired rows itself, and consolidates updates itself.
+It shares nothing with the sink: it reads the timeline, the sources' snapshots and the target's
+versions with delta-rs and pyarrow, computes the desired rows itself, and consolidates updates
+itself. A time stands for the source versions the timeline's entry gives it.
 
 For every committed version of the target, for every time `t` in `[since, upper)` at that version
 (since: ``as_of``, or later once compacted), the consolidated rows at `t` must equal ``expected(t)``; the mvsink commits must cover each time
@@ -10,6 +11,7 @@ range once (each commit's lower is the previous upper: no duplicates, no gaps).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
@@ -17,6 +19,9 @@ from typing import Callable
 from deltalake import DeltaTable
 
 from mvsink import storage
+from mvsink.table import latest_version
+from mvsink.timeline import APP_ID as TIMELINE_APP_ID
+from mvsink.timeline import SOURCES_PROPERTY
 from mvsink.updates import DIFF, ERROR, TIME
 
 Row = tuple
@@ -34,24 +39,66 @@ def source_rows(source: str, version: int, columns: list[str]) -> Counter:
     return Counter(zip(*(table.column(c).to_pylist() for c in columns)))
 
 
+class TimelineReader:
+    """A timeline's entries, time -> {source name: version}, read with delta-rs (re-read when a
+    time asked for is not there yet)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.entries: dict[int, dict[str, int]] = {}
+
+    def versions(self, t: int) -> dict[str, int]:
+        if t not in self.entries:
+            self.entries = {}
+            for row in table_at(self.path).to_pyarrow_table(columns=["time", "source", "version"]).to_pylist():
+                self.entries.setdefault(row["time"], {})[row["source"]] = row["version"]
+        return self.entries[t]
+
+    def version(self, t: int, source: str | None = None) -> int:
+        """The version time ``t`` stands for of ``source`` (default: the only one)."""
+        versions = self.versions(t)
+        if source is None:
+            (source,) = versions
+        return versions[source]
+
+
+def caught_up(target: str, view_id: str, timeline: str | None = None) -> bool:
+    """Whether the view has every time of its timeline, and the latest time stands for every
+    source's newest version (timeline default: ``<target>_timeline``)."""
+    timeline = timeline or target + "_timeline"
+    if latest_version(timeline) is None or latest_version(target) is None:
+        return False
+    table = table_at(timeline)
+    upper = table.transaction_version(TIMELINE_APP_ID) or 0
+    if upper == 0 or (table_at(target).transaction_version(f"mvsink:{view_id}") or 0) != upper:
+        return False
+    sources = json.loads(table.metadata().configuration[SOURCES_PROPERTY])
+    last = TimelineReader(timeline).versions(upper - 1)
+    return all(last[name] == latest_version(path) for name, path in sources.items())
+
+
 def expected_from_source(source: str, columns: list[str],
-                         map_row: Callable[[dict], dict | None] | None = None) -> Callable[[int], Counter]:
-    """expected(t): the source at version t, through ``map_row`` (cached per version)."""
+                         map_row: Callable[[dict], dict | None] | None = None, *,
+                         timeline: str, name: str | None = None) -> Callable[[int], Counter]:
+    """expected(t): the source at the version time t stands for on ``timeline`` (source ``name``,
+    default its only one), through ``map_row``. Cached per version."""
     cache: dict[int, Counter] = {}
+    reader = TimelineReader(timeline)
 
     def expected(t: int) -> Counter:
-        if t not in cache:
-            rows = source_rows(source, t, columns if map_row is None else _all_columns(source, t))
+        v = reader.version(t, name)
+        if v not in cache:
+            rows = source_rows(source, v, columns if map_row is None else _all_columns(source, v))
             if map_row is not None:
-                names = _all_columns(source, t)
+                names = _all_columns(source, v)
                 mapped = Counter()
                 for row, n in rows.items():
                     out = map_row(dict(zip(names, row)))
                     if out is not None:
                         mapped[tuple(out[c] for c in columns)] += n
                 rows = mapped
-            cache[t] = rows
-        return cache[t]
+            cache[v] = rows
+        return cache[v]
 
     return expected
 

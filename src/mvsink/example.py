@@ -2,17 +2,21 @@
 
 ``python mvsink_job.py --example [--workdir DIR] [--versions N]`` does, on the local disk:
 
-1. creates a source Delta table of orders (change data feed on) and a view over it: the orders
-   over 10 with a computed label (``order_row`` below), keyed by order id;
+1. creates two source Delta tables, orders (change data feed on) and customers, and two views on
+   one timeline over them: ``big_orders``, the orders over 10 with a computed label (``order_row``
+   below, from the change feed), keyed by order id; and ``orders_with_customers``, orders joined
+   with their customers in Spark SQL;
 2. starts two replicas with ``spark-submit mvsink_job.py``: *blue* writes, *green* starts
-   read-only;
-3. changes the source version after version (inserts, updates, deletes);
-4. a third of the way in, damages the target behind the replicas' backs (bogus rows appended at
-   a future time, a Delta ``DELETE`` of a committed row);
+   read-only; both run ``big_orders`` from its YAML and are given ``orders_with_customers``
+   through the replica protocol;
+3. changes the sources commit after commit (orders inserted, updated, deleted; customers moved);
+4. a third of the way in, damages ``big_orders`` behind the replicas' backs (bogus rows appended
+   at a future time, a Delta ``DELETE`` of a committed row);
 5. two thirds of the way in, a blue/green cutover through the replica protocol (both replicas
-   listen): once green has caught up, blue's view is dropped, green allowed to write, blue stopped;
-6. waits for the view to catch up, stops green, and checks every committed version of the target
-   against the view computed independently from the source, printing what it finds.
+   listen): once green has caught up, blue's views are dropped, green allowed to write, blue stopped;
+6. waits for both views to catch up, stops green, and checks every committed version of both
+   targets against the views computed independently from the sources at the versions each time
+   stands for, printing what it finds.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ log = logging.getLogger("mvsink.example")
 
 VIEW_ID = "big_orders"
 COLUMNS = ["id", "customer", "amount", "label"]
+JOIN_ID = "orders_with_customers"
+JOIN_SQL = ("SELECT o.id, o.amount, c.name, c.segment FROM orders o JOIN customers c ON o.customer = c.id")
+JOIN_COLUMNS = ["id", "amount", "name", "segment"]
+SEGMENTS = ["retail", "wholesale", "online"]
 
 
 def order_row(row: dict) -> dict | None:
@@ -90,9 +98,14 @@ class ExampleReplica:
         log.info("stopped replica %s", self.name)
 
 
-def _change_source(spark, source: str, rng: random.Random, step: int, next_id: list[int]) -> str:
-    op = rng.choice(["insert", "insert", "update", "delete"])
-    if op == "insert":
+def _change_source(spark, source: str, rng: random.Random, step: int, next_id: list[int],
+                   customers: str | None = None) -> str:
+    """One commit: to the orders, or (with ``customers``) now and then to the customers."""
+    op = rng.choice(["insert", "insert", "update", "delete"] + (["customer"] if customers else []))
+    if op == "customer":
+        spark.sql(f"UPDATE delta.`{customers}` SET segment = '{rng.choice(SEGMENTS)}' "
+                  f"WHERE id = 'c{rng.randint(1, 5)}'")
+    elif op == "insert":
         rows = ", ".join(
             f"({next_id[0] + i}, 'c{rng.randint(1, 5)}', {rng.randint(1, 150)})" for i in range(rng.randint(1, 5)))
         next_id[0] += 5
@@ -104,15 +117,13 @@ def _change_source(spark, source: str, rng: random.Random, step: int, next_id: l
     return op
 
 
-def _wait_upper(target: str, upper: int, timeout: float) -> None:
-    from mvsink.read import view_upper
-
+def _wait(what: str, predicate, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if os.path.exists(target) and view_upper(target, VIEW_ID) >= upper:
+        if predicate():
             return
         time.sleep(1)
-    raise TimeoutError(f"the view did not reach upper {upper} in {timeout}s")
+    raise TimeoutError(f"{what} did not happen in {timeout}s")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,10 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     workdir = Path(args.workdir).absolute()
-    source, target = str(workdir / "orders"), str(workdir / "big_orders")
+    sources = {"orders": str(workdir / "orders"), "customers": str(workdir / "customers")}
+    source, timeline = sources["orders"], str(workdir / "shop_timeline")
+    target, join_target = str(workdir / VIEW_ID), str(workdir / JOIN_ID)
     if args.check:
-        return _check_cutover(source, target, args.check)
+        return _check_cutover(source, target, timeline, args.check)
 
+    from mvsink.check import caught_up
+    from mvsink.read import view_upper
     from mvsink.spark import spark_session
 
     spark = spark_session("mvsink-example-driver")
@@ -139,55 +154,77 @@ def main(argv: list[str] | None = None) -> int:
         rng = random.Random(time.time_ns())
         next_id = [(spark.sql(f"SELECT max(id) FROM delta.`{source}`").first()[0] or 0) + 1]
         for step in range(args.versions):
-            log.info("source: %s", _change_source(spark, source, rng, step, next_id))
+            log.info("source: %s", _change_source(spark, source, rng, step, next_id, sources["customers"]))
         return 0
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     spark.sql(f"CREATE TABLE delta.`{source}` (id BIGINT, customer STRING, amount BIGINT) USING delta "
               "TBLPROPERTIES (delta.enableChangeDataFeed = true, delta.enableDeletionVectors = false)")
     spark.sql(f"INSERT INTO delta.`{source}` VALUES (1, 'c1', 50), (2, 'c2', 5), (3, 'c3', 120)")
-    config = workdir / "view.yaml"
+    spark.sql(f"CREATE TABLE delta.`{sources['customers']}` (id STRING, name STRING, segment STRING) USING delta")
+    spark.sql(f"INSERT INTO delta.`{sources['customers']}` VALUES "
+              + ", ".join(f"('c{i}', 'customer {i}', '{SEGMENTS[i % 3]}')" for i in range(1, 6)))
+    config, join_config = workdir / "view.yaml", workdir / "join.yaml"
+    shared = {"sources": sources, "timeline": timeline}
     for path, function in ((config, "order_row"), (workdir / "view_v2.yaml", "order_row_v2")):
         path.write_text(yaml.safe_dump({
-            "view_id": VIEW_ID, "target": target, "key": ["id"], "as_of": 1,
-            "input": {"kind": "changes", "source": source, "map_row": f"mvsink.example:{function}",
+            "view_id": VIEW_ID, "target": target, "key": ["id"], **shared,
+            "input": {"kind": "changes", "source": "orders", "map_row": f"mvsink.example:{function}",
                       "output_schema": "id BIGINT, customer STRING, amount BIGINT, label STRING"},
         }))
+    join_config.write_text(yaml.safe_dump({"view_id": JOIN_ID, "target": join_target, "key": ["id"], **shared,
+                                           "input": {"kind": "snapshot", "sql": JOIN_SQL}}))
     if args.setup:
-        print(f"source {source}, view definitions {config} and {workdir / 'view_v2.yaml'}")
+        print(f"sources {sources}, view definitions {config} and {workdir / 'view_v2.yaml'}")
         return 0
     blue = ExampleReplica("blue", config, workdir)
     green = ExampleReplica("green", config, workdir, "--read-only")
     rng = random.Random(7)
     next_id = [10]
     try:
-        _wait_upper(target, 2, timeout=600)
+        _wait("the first commit of big_orders", lambda: os.path.exists(target) and view_upper(target, VIEW_ID) > 0, timeout=600)
+        _create_view(blue, green, join_config)
         damage_at, cutover_at = args.versions // 3, 2 * args.versions // 3
         for step in range(args.versions):
-            op = _change_source(spark, source, rng, step, next_id)
-            log.info("source version %d: %s", step + 2, op)
+            op = _change_source(spark, source, rng, step, next_id, sources["customers"])
+            log.info("source commit %d: %s", step + 1, op)
             if step == damage_at:
                 _damage(spark, target)
             if step == cutover_at:
                 _cutover(blue, green)
             time.sleep(2)
-        latest = spark.sql(f"DESCRIBE HISTORY delta.`{source}` LIMIT 1").first().version
-        _wait_upper(target, latest + 1, timeout=600)
+        for view_id, view_target in ((VIEW_ID, target), (JOIN_ID, join_target)):
+            _wait(f"{view_id} catching up with the sources",
+                  lambda: caught_up(view_target, view_id, timeline), timeout=600)
     finally:
         blue.stop()
         green.stop()
-    return _report(source, target)
+    return _report(sources, timeline, target, join_target)
+
+
+def _create_view(blue: "ExampleReplica", green: "ExampleReplica", config: Path) -> None:
+    """Give both replicas a second view on the same timeline, through the replica protocol."""
+    from mvsink.replica.controller import Controller
+
+    for replica in (blue, green):
+        with Controller(replica.address, timeout=600) as ctl:
+            ctl.connect()
+            ctl.create_view(str(config))
+        log.info("replica %s: created view %s from %s", replica.name, JOIN_ID, config)
 
 
 def _cutover(blue: ExampleReplica, green: ExampleReplica) -> None:
-    """Through the replica protocol: wait for green to catch up, stop blue's view, let green write."""
+    """Through the replica protocol, view by view: wait for green to catch up, drop the view at
+    blue, let green write; then stop blue."""
     from mvsink.replica.controller import Controller, cutover
 
     with Controller(blue.address, timeout=600) as old, Controller(green.address, timeout=600) as new:
         old.connect()
         new.connect()
-        frontier = cutover(old, new, VIEW_ID)
-    log.info("cutover: green writes from frontier %d; stopping blue", frontier)
+        for view_id in (VIEW_ID, JOIN_ID):
+            frontier = cutover(old, new, view_id)
+            log.info("cutover: green writes %s from frontier %d", view_id, frontier)
+    log.info("cutover done; stopping blue")
     blue.stop()
 
 
@@ -196,63 +233,81 @@ def _damage(spark, target: str) -> None:
 
     future = view_upper(target, VIEW_ID) + 3
     log.info("damage: appending bogus rows at future time %d, deleting order 1 from the table", future)
-    spark.sql(f"INSERT INTO delta.`{target}` VALUES (999, 'mallory', 1, 'bogus', NULL, {future}, 1)")
-    spark.sql(f"DELETE FROM delta.`{target}` WHERE id = 1")
+    for statement in (f"INSERT INTO delta.`{target}` VALUES (999, 'mallory', 1, 'bogus', NULL, {future}, 1)",
+                      f"DELETE FROM delta.`{target}` WHERE id = 1"):
+        for attempt in range(5):      # mvsink repairs at once: a DELETE may race with its commits
+            try:
+                spark.sql(statement)
+                break
+            except Exception as exc:
+                if "DELTA_CONCURRENT" not in str(exc) or attempt == 4:
+                    raise
+                log.info("damage: %s lost a race with mvsink's commit; again", statement.split()[0])
 
 
-def _report(source: str, target: str) -> int:
-    """Print each committed version's verdict; 0 if the table is right wherever it can be."""
+def _report(sources: dict[str, str], timeline: str, target: str, join_target: str) -> int:
+    """Print each committed version's verdict for both views; 0 if both are right at every time
+    of every version, except versions between the damage and its repair."""
+    ok_orders = _report_view(target, VIEW_ID, COLUMNS, _expected(sources["orders"], timeline), damaged=True)
+    ok_join = _report_view(join_target, JOIN_ID, JOIN_COLUMNS, _expected_join(sources, timeline), damaged=False)
+    ok = ok_orders and ok_join
+    print("\nCHECK PASSED: both targets equal their views at every time of every committed version, "
+          "except the versions between the damage behind mvsink's back and its repair (the repair "
+          "restored the damaged history too)" if ok else "\nCHECK FAILED (see above)")
+    return 0 if ok else 1
+
+
+def _report_view(target: str, view_id: str, columns: list[str], expected, damaged: bool) -> bool:
     from mvsink.check import check_table, table_at
 
-    result = check_table(target, VIEW_ID, COLUMNS, _expected(source), as_of=1)
+    result = check_table(target, view_id, columns, expected)
     history = {int(h["version"]): h for h in table_at(target).history()}
-    repairs = sorted((v, int(h["mvsink.lower"])) for v, h in history.items() if h.get("mvsink.reason") == "repair")
+    repairs = sorted(v for v, h in history.items() if h.get("mvsink.reason") == "repair")
     foreign = sorted(v for v, h in history.items() if "mvsink.view" not in h and h.get("operation") != "CREATE TABLE")
-    print("\n=== mvsink example: every committed version of the target against the view ===")
+    print(f"\n=== {view_id}: every committed version of {target} against the view ===")
     wrong = []
     for version in sorted(history):
         h = history[version]
         who = h.get("mvsink.replica", f"foreign {h.get('operation')}")
         what = f"[{h['mvsink.lower']}, {h['mvsink.upper']}) {h['mvsink.reason']}" if "mvsink.view" in h else ""
         bad = result.bad_times.get(version, [])
-        repaired_from = max((lower for v, lower in repairs if v <= version), default=None)
-        damaged = bool(foreign) and version >= foreign[0]
+        damage = max((v for v in foreign if v <= version), default=None)
+        unrepaired = damage is not None and not any(damage < v <= version for v in repairs)
         if not bad:
             verdict = "equals the view at every time below its upper"
-        elif damaged and (repaired_from is None or max(bad) < repaired_from):
-            verdict = f"equals the view except damaged history at times {bad[0]}..{bad[-1]}"
-            verdict += "" if repaired_from is None else f" (repaired from time {repaired_from} on)"
+        elif unrepaired:
+            verdict = f"damaged at version {damage}, not yet repaired: wrong at times {bad[0]}..{bad[-1]}"
         else:
             verdict = f"WRONG at times {bad}"
             wrong.append(version)
         print(f"version {version:3d}  {who:>22}  {what:28}  {verdict}")
     writers = {replica for _, _, _, replica in result.commits}
-    print(f"\nforeign commits (the damage): {foreign}; repair commits (version, lower): {repairs}")
+    print(f"foreign commits (the damage): {foreign}; repair commits: {repairs}")
     print(f"writers: {sorted(writers)}; {result.versions_checked} versions and {result.times_checked} "
           "(version, time) pairs checked")
-    ok = not wrong and bool(repairs) and {"blue", "green"} <= writers
-    print("CHECK PASSED: the target equals the view at every committed version, except history damaged on "
-          "purpose behind mvsink's back, repaired by the next batch" if ok else
-          f"CHECK FAILED: wrong versions {wrong}, repairs {repairs}, writers {sorted(writers)}")
-    return 0 if ok else 1
+    ok = not wrong and {"blue", "green"} <= writers and (bool(repairs) if damaged else not foreign)
+    if not ok:
+        print(f"{view_id}: wrong versions {wrong}, repairs {repairs}, writers {sorted(writers)}")
+    return ok
 
 
-def _check_cutover(source: str, target: str, new_replica: str) -> int:
+def _check_cutover(source: str, target: str, timeline: str, new_replica: str) -> int:
     """The target against view.yaml before ``new_replica``'s first commit, view_v2.yaml from it on."""
     from mvsink.check import check_table, expected_from_source, table_at
 
     commits = [h for h in reversed(table_at(target).history()) if h.get("mvsink.view") == VIEW_ID]
     first = next((h for h in commits if h.get("mvsink.replica") == new_replica), None)
-    old, new = _expected(source), expected_from_source(source, COLUMNS, order_row_v2)
+    old = _expected(source, timeline)
+    new = expected_from_source(source, COLUMNS, order_row_v2, timeline=timeline, name="orders")
     if first is None:
-        result = check_table(target, VIEW_ID, COLUMNS, old, as_of=1)
+        result = check_table(target, VIEW_ID, COLUMNS, old)
         print(f"no commit by {new_replica} yet; against view.yaml: {result.summary()}")
         return 0 if result.ok else 1
     switch_version, switch_time = first["version"], int(first["mvsink.lower"])
-    before = check_table(target, VIEW_ID, COLUMNS, old, as_of=1)
+    before = check_table(target, VIEW_ID, COLUMNS, old)
     wrong_before = sorted(v for v in before.bad_times if v < switch_version)
     after = check_table(target, VIEW_ID, COLUMNS, lambda t: new(t) if t >= switch_time else old(t),
-                        as_of=1, from_version=switch_version)
+                        from_version=switch_version)
     writers = [(h["version"], h["mvsink.replica"], h["mvsink.reason"], int(h["mvsink.lower"]),
                 int(h["mvsink.upper"])) for h in commits]
     for version, replica, reason, lower, upper in writers:
@@ -266,7 +321,29 @@ def _check_cutover(source: str, target: str, new_replica: str) -> int:
     return 0 if ok else 1
 
 
-def _expected(source: str):
+def _expected(source: str, timeline: str):
     from mvsink.check import expected_from_source
 
-    return expected_from_source(source, COLUMNS, order_row)
+    return expected_from_source(source, COLUMNS, order_row, timeline=timeline, name="orders")
+
+
+def _expected_join(sources: dict[str, str], timeline: str):
+    """expected(t) of the join view, computed with delta-rs from the versions time t stands for."""
+    from collections import Counter
+
+    from mvsink.check import TimelineReader, source_rows
+
+    reader = TimelineReader(timeline)
+
+    def expected(t: int) -> Counter:
+        versions = reader.versions(t)
+        customers = {cid: (name, segment) for (cid, name, segment), n in
+                     source_rows(sources["customers"], versions["customers"], ["id", "name", "segment"]).items()}
+        out = Counter()
+        for (oid, customer, amount), n in source_rows(sources["orders"], versions["orders"],
+                                                      ["id", "customer", "amount"]).items():
+            if customer in customers:
+                out[(oid, amount, *customers[customer])] += n
+        return out
+
+    return expected

@@ -1,66 +1,55 @@
-"""The desired side: a view's input as updates `(row, time, diff)` with time = source version.
+"""The desired side: a view's input as updates `(row, time, diff)` at the timeline's times.
 
-Both inputs read the source at pinned versions, never "whatever is there now", so every replica
-computes the same updates at the same times:
+Both inputs read their sources at the versions the timeline pins for each time
+(:mod:`mvsink.timeline`), never "whatever is there now", so every replica computes the same
+updates at the same times:
 
-* :class:`ChangesDesired`: ``snapshot(t)`` is the source at version `t` (diff +1), ``changes(lo,
-  hi)`` its change data feed for versions `lo..hi`; rows go through ``map_row`` when given.
-* :class:`SnapshotDesired`: ``snapshot(t)`` is ``query`` over the source at version `t`;
-  ``changes(lo, hi)`` evaluates the query at each version and emits where consecutive results
-  differ (a multiset anti-join both ways, partitioned by the view's key). It keeps the last
-  result partitioned in Spark, never on the driver.
+* :class:`ChangesDesired`: ``snapshot(t)`` is the source at time `t`'s version (diff +1),
+  ``changes(lo, hi)`` its change data feed between the versions of `lo - 1` and `hi`, each change
+  at the first time whose version covers its commit; rows go through ``map_row`` when given.
+* :class:`SnapshotDesired`: ``snapshot(t)`` is the query over the sources at time `t`'s versions;
+  ``changes(lo, hi)`` evaluates it once per time whose versions differ from the time before
+  (a time that repeats them, a repair time, has no changes) and emits where consecutive results
+  differ (a multiset anti-join both ways, partitioned by the view's key). It keeps the last result
+  partitioned in Spark, never on the driver. SQL runs in a session of the view's own, where the
+  sources are registered under their names, so views never see each other's sources.
 
-Both add row-level errors (:mod:`mvsink.row_errors`). The source's latest version comes from
-listing its ``_delta_log``, which needs no Spark job.
+Both add row-level errors (:mod:`mvsink.row_errors`). Source versions come from listing their
+``_delta_log`` (:mod:`mvsink.table`), which needs no Spark job.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 
+from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink import storage
 from mvsink.row_errors import map_rows, null_key_errors
+from mvsink.table import latest_version, spark_uri
+from mvsink.timeline import Timeline
 from mvsink.updates import DIFF, ERROR, TIME, table_schema
 from mvsink.view import ChangesInput, ConfigError, SnapshotInput, ViewDefinition
 
 log = logging.getLogger(__name__)
 
-_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 _CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 
 
-def latest_version(table_uri: str) -> int | None:
-    """The newest committed version of the Delta table at ``table_uri``; None if there is none."""
-    fs, root = storage.filesystem(table_uri)
-    from pyarrow.fs import FileSelector
-
-    try:
-        infos = fs.get_file_info(FileSelector(storage.join(root, "_delta_log"), allow_not_found=True))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    versions = [int(m.group(1)) for i in infos if (m := _COMMIT_FILE.match(i.base_name))]
-    return max(versions) if versions else None
-
-
-def spark_uri(uri: str) -> str:
-    """The URI Spark (Hadoop S3A) reads ``uri`` with."""
-    return "s3a://" + uri[len("s3://"):] if uri.startswith("s3://") else uri
-
-
 class Desired:
-    """Common part: the source table, the view's schema and row-level errors."""
+    """Common part: the sources, the timeline, the view's schema and row-level errors."""
 
-    def __init__(self, spark: SparkSession, view: ViewDefinition):
+    def __init__(self, spark: SparkSession, view: ViewDefinition, timeline: Timeline):
         self.spark = spark
         self.view = view
-        self.source = view.input.source
-        if latest_version(self.source) is None:
-            raise ConfigError(f"source {self.source} of view {view.view_id!r} is not a Delta table")
+        self.timeline = timeline
+        self.sources = dict(view.sources)
+        for name, path in self.sources.items():
+            if latest_version(path) is None:
+                raise ConfigError(f"source {name} ({path}) of view {view.view_id!r} is not a Delta table")
+        timeline.check_not_behind(self.latest_versions())
         self.user_schema = self._user_schema()
         missing = [k for k in view.key if k not in self.user_schema.names]
         if missing:
@@ -71,14 +60,24 @@ class Desired:
         except ValueError as exc:
             raise ConfigError(f"view {view.view_id!r}: {exc}") from None
 
-    def latest_version(self) -> int:
-        version = latest_version(self.source)
-        if version is None:
-            raise ConfigError(f"source {self.source} has disappeared")
-        return version
+    def latest_versions(self) -> dict[str, int]:
+        """Every source's newest version."""
+        versions = {}
+        for name, path in self.sources.items():
+            version = latest_version(path)
+            if version is None:
+                raise ConfigError(f"source {name} ({path}) of view {self.view.view_id!r} has disappeared")
+            versions[name] = version
+        return versions
 
-    def read_source(self, version: int) -> DataFrame:
-        return self.spark.read.format("delta").option("versionAsOf", version).load(spark_uri(self.source))
+    def schema_versions(self) -> dict[str, int]:
+        """The versions the view's schema is taken from: the latest time's, else the newest."""
+        last = self.timeline.last()
+        return dict(last.versions) if last is not None else self.latest_versions()
+
+    def read_source(self, name: str, version: int, spark: SparkSession | None = None) -> DataFrame:
+        reader = (spark or self.spark).read.format("delta").option("versionAsOf", version)
+        return reader.load(spark_uri(self.sources[name]))
 
     def _finish(self, updates: DataFrame) -> DataFrame:
         """Updates in the table schema, with null-key rows turned into errors."""
@@ -95,10 +94,12 @@ class Desired:
 
 
 class ChangesDesired(Desired):
-    def __init__(self, spark: SparkSession, view: ViewDefinition):
+    def __init__(self, spark: SparkSession, view: ViewDefinition, timeline: Timeline):
         assert isinstance(view.input, ChangesInput)
         self.input: ChangesInput = view.input
-        super().__init__(spark, view)
+        self.source = view.input.source
+        self.name = next(n for n, p in view.sources.items() if p == self.source)
+        super().__init__(spark, view, timeline)
         properties = self._source_properties()
         if properties.get("delta.enableChangeDataFeed", "false").lower() != "true":
             raise ConfigError(
@@ -111,7 +112,7 @@ class ChangesDesired(Desired):
         return {r.key: r.value for r in rows}
 
     def _source_schema(self) -> T.StructType:
-        return self.read_source(self.latest_version()).schema
+        return self.read_source(self.name, self.schema_versions()[self.name]).schema
 
     def _user_schema(self) -> T.StructType:
         if self.input.map_row is None:
@@ -132,44 +133,81 @@ class ChangesDesired(Desired):
         return self._finish(rows)
 
     def snapshot(self, time: int) -> DataFrame:
-        source = self.read_source(time)
+        source = self.read_source(self.name, self.timeline.versions(time)[self.name])
         return self._to_view(source.select(
             *source.columns, F.lit(time).cast("long").alias(TIME), F.lit(1).cast("long").alias(DIFF)
         ))
 
-    def changes(self, lo: int, hi: int) -> DataFrame:
+    def changes(self, lo: int, hi: int) -> DataFrame | None:
+        """The change feed between the versions of times `lo - 1` and `hi`; None if none."""
+        first = self.timeline.versions(lo - 1)[self.name] + 1
+        last = self.timeline.versions(hi)[self.name]
+        if first > last:
+            return None
+        # The times whose entries move this source's version: (time, first version, last version).
+        spans, previous = [], first - 1
+        for time in range(lo, hi + 1):
+            version = self.timeline.versions(time)[self.name]
+            if version > previous:
+                spans.append((time, previous + 1, version))
+                previous = version
+        times = self.spark.createDataFrame(spans, "_mv_t BIGINT, _mv_from BIGINT, _mv_to BIGINT")
         feed = (
             self.spark.read.format("delta").option("readChangeFeed", "true")
-            .option("startingVersion", lo).option("endingVersion", hi).load(spark_uri(self.source))
+            .option("startingVersion", first).option("endingVersion", last).load(spark_uri(self.source))
         )
+        feed = feed.join(F.broadcast(times), F.col("_commit_version").between(F.col("_mv_from"), F.col("_mv_to")))
         diff = (
             F.when(F.col("_change_type").isin("insert", "update_postimage"), F.lit(1))
             .when(F.col("_change_type").isin("delete", "update_preimage"), F.lit(-1))
         )
-        source_cols = [c for c in feed.columns if c not in _CDF_COLUMNS]
+        source_cols = [c for c in feed.columns if c not in _CDF_COLUMNS + ("_mv_t", "_mv_from", "_mv_to")]
         updates = feed.select(
-            *source_cols, F.col("_commit_version").cast("long").alias(TIME), diff.cast("long").alias(DIFF)
+            *source_cols, F.col("_mv_t").cast("long").alias(TIME), diff.cast("long").alias(DIFF)
         )
         return self._to_view(updates)
 
 
 class SnapshotDesired(Desired):
-    def __init__(self, spark: SparkSession, view: ViewDefinition):
+    def __init__(self, spark: SparkSession, view: ViewDefinition, timeline: Timeline):
         assert isinstance(view.input, SnapshotInput)
         self.input: SnapshotInput = view.input
         self._previous: DataFrame | None = None
         self._previous_time: int | None = None
-        super().__init__(spark, view)
+        self._sql_session: SparkSession | None = None
+        super().__init__(spark, view, timeline)
 
-    def _contents(self, time: int) -> DataFrame:
-        result = self.input.query(self.read_source(time))
+    def _contents(self, versions: dict[str, int]) -> DataFrame:
+        where = f"view {self.view.view_id!r}"
+        try:
+            if self.input.sql is not None:
+                if self._sql_session is None:
+                    self._sql_session = self.spark.newSession()
+                for name in self.sources:
+                    self.read_source(name, versions[name], self._sql_session).createOrReplaceTempView(name)
+                result = self._sql_session.sql(self.input.sql)
+            elif self.input.source is not None:
+                (name,) = self.sources  # one unnamed source: the function takes it alone
+                result = self.input.query(self.read_source(name, versions[name]))
+            else:
+                result = self.input.query(**{n: self.read_source(n, versions[n]) for n in self.sources})
+        except ParseException as exc:
+            raise ConfigError(f"{where}: its SQL does not parse: {_first_line(exc)}") from None
+        except AnalysisException as exc:
+            message = _first_line(exc)
+            if "TABLE_OR_VIEW_NOT_FOUND" in message:
+                raise ConfigError(f"{where}: its query reads a table that is not one of its sources "
+                                  f"{sorted(self.sources)}: {message}") from None
+            raise ConfigError(f"{where}: its query cannot be analyzed: {message}") from None
+        except TypeError as exc:
+            raise ConfigError(f"{where}: its query function cannot be called with the sources "
+                              f"{sorted(self.sources)} by name: {exc}") from None
         if not isinstance(result, DataFrame):
-            raise ConfigError(f"query of view {self.view.view_id!r} returned {type(result).__name__}, "
-                              "not a DataFrame")
+            raise ConfigError(f"query of {where} returned {type(result).__name__}, not a DataFrame")
         return result
 
     def _user_schema(self) -> T.StructType:
-        return self._contents(self.latest_version()).schema
+        return self._contents(self.schema_versions()).schema
 
     def _remember(self, time: int, contents: DataFrame) -> None:
         if self.view.key:
@@ -184,27 +222,37 @@ class SnapshotDesired(Desired):
         )
 
     def snapshot(self, time: int) -> DataFrame:
-        self._remember(time, self._contents(time).select(*self.user_schema.names))
+        self._remember(time, self._contents(self.timeline.versions(time)).select(*self.user_schema.names))
         return self._finish(self._as_updates(self._previous, time, 1))
 
-    def changes(self, lo: int, hi: int) -> DataFrame:
-        if self._previous_time != lo - 1:
+    def changes(self, lo: int, hi: int) -> DataFrame | None:
+        """One evaluation per time in `[lo, hi]` whose versions differ from the time before."""
+        if self._previous_time is None or self._previous_time >= lo:
             raise RuntimeError(f"snapshot input asked for changes from {lo} after evaluating "
                                f"{self._previous_time}")
         parts = []
         for time in range(lo, hi + 1):
+            versions = self.timeline.versions(time)
+            if versions == self.timeline.versions(self._previous_time):
+                continue
             previous = self._previous
-            self._remember(time, self._contents(time).select(*self.user_schema.names))
+            self._remember(time, self._contents(versions).select(*self.user_schema.names))
             current = self._previous
             parts.append(self._as_updates(current.exceptAll(previous), time, 1))
             parts.append(self._as_updates(previous.exceptAll(current), time, -1))
+        if not parts:
+            return None
         updates = parts[0]
         for part in parts[1:]:
             updates = updates.unionByName(part)
         return self._finish(updates)
 
 
-def desired_for(spark: SparkSession, view: ViewDefinition) -> Desired:
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def desired_for(spark: SparkSession, view: ViewDefinition, timeline: Timeline) -> Desired:
     if isinstance(view.input, ChangesInput):
-        return ChangesDesired(spark, view)
-    return SnapshotDesired(spark, view)
+        return ChangesDesired(spark, view, timeline)
+    return SnapshotDesired(spark, view, timeline)

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from mvsink import storage
 from mvsink.append import (META_LOWER, META_REASON, META_SINCE, META_VIEW, REASON_ADVANCE_UPPER,
                            REASON_COMPACTION, Shard)
-from mvsink.inputs import latest_version, spark_uri
+from mvsink.table import latest_version, spark_uri
 from mvsink.updates import ERROR, RESERVED, contents_at, normalize
 
 

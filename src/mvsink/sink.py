@@ -2,14 +2,23 @@
 
 Each :meth:`MaterializedView.step` (one trigger, e.g. one ``foreachBatch`` call) does:
 
-1. read back the commits made to the target since the last step (anyone's);
-2. read the input up to the source's latest version (the first step hydrates: the view's contents
-   at `max(as_of, upper - 1)`, and the whole table on the persisted side);
+1. read back the commits made to the target since the last step (anyone's), with the undo of
+   each foreign commit among them;
+2. a writer whose sources have moved past the timeline's latest time mints the next time
+   (:mod:`mvsink.timeline`); then the input is read up to the timeline's upper (the first step
+   hydrates: the view's contents at `max(as_of, upper - 1)`, and the whole table on the persisted
+   side);
 3. fold both into the correction buffer (`desired - persisted`), times advanced to the persist
-   frontier; recompute key violations for the keys that changed;
+   frontier; recompute key violations for the keys that changed. A writer that has computed
+   every time and still finds a correction due at a time already in the table (drift: damage,
+   a lost write) mints a *repair time* with the same source versions, so that the repair has a
+   time to go to without waiting for a source commit;
 4. mint a description `[lower, upper)` if allowed (not read-only, desired ahead of the table, the
    table advanced since the last description);
-5. write: stage the corrections below `upper` as Parquet files (none if there are none);
+5. write: stage the corrections below `upper` as Parquet files (none if there are none), plus
+   the pending undos of foreign commits below `lower` at their own times (and their sum, negated,
+   at `lower`): the table's history becomes exactly the view's again, and its contents from
+   `lower` on are the buffer's;
 6. append: compare-and-append them; a loser deletes its files and the next step reads back what
    the winner wrote.
 
@@ -17,13 +26,14 @@ Nothing here keeps the view on the driver: the buffer, the input and the read-ba
 DataFrames; the driver sees versions, file lists and counts.
 
 The micro-batch a ``foreachBatch`` hands over only triggers a step: mvsink reads its input itself
-at pinned source versions, so that all replicas see the same times and rows.
+at the versions the timeline pins, so that all replicas see the same times and rows.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 import time
 from typing import Callable
 from dataclasses import dataclass
@@ -32,16 +42,18 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mvsink import storage
-from mvsink.append import (REASON_CORRECTION, REASON_PROGRESS, REASON_REPAIR, Shard,
-                           compare_and_append)
+from mvsink.append import (META_HISTORY, META_READBACK, REASON_CORRECTION, REASON_PROGRESS,
+                           REASON_REPAIR, Shard, compare_and_append)
 from mvsink.cleanup import clean_orphans
 from mvsink.correction import CorrectionBuffer
 from mvsink.correction.readback import ReadBack, ReadBackError
-from mvsink.inputs import desired_for, latest_version, spark_uri
+from mvsink.inputs import desired_for
 from mvsink.key_check import key_error_corrections
 from mvsink.mint import Description, Minter
+from mvsink.table import latest_version, spark_uri
 from mvsink.target import create_target, validate_target
-from mvsink.updates import DIFF, ERROR, TIME, negate, normalize
+from mvsink.timeline import (REASON_REPAIR_TIME, REASON_SOURCES, Timeline, TimeWentBackwards)
+from mvsink.updates import DIFF, ERROR, TIME, advance_times, consolidate, negate, normalize
 from mvsink.view import ConfigError, ViewDefinition
 from mvsink.write import batch_updates, stage
 
@@ -50,9 +62,7 @@ log = logging.getLogger(__name__)
 #: Look for orphaned staged files every this many steps (and at the first writable step).
 _CLEANUP_EVERY = 50
 
-
-class TimeWentBackwards(ConfigError):
-    """The source's versions went backwards (recreated or restored): times must never decrease."""
+__all__ = ["MaterializedView", "StepReport", "TimeWentBackwards"]
 
 
 @dataclass
@@ -67,6 +77,9 @@ class StepReport:
     appended: bool | None = None
     files: int = 0
     seconds: float = 0.0
+    #: The timeline's upper after the step, and the time this step minted on it (if any).
+    timeline_upper: int = 0
+    minted_time: int | None = None
 
 
 class MaterializedView:
@@ -75,26 +88,34 @@ class MaterializedView:
         self.spark = spark
         self.max_consecutive_failures = max_consecutive_failures
         self._failures = 0
+        #: Held by a streamed step; :meth:`stop_stream` takes it to stop between steps.
+        self._stream_gate = threading.Lock()
+        self._stream_stopping = False
         self.view = view
         self.orphan_grace_seconds = orphan_grace_seconds
-        self.desired = desired_for(spark, view)
-        self.schema = self.desired.schema
         self.shard = Shard(view.target, view.app_id, view.view_id, view.replica_id)
+        table_upper = self._table_upper()
+        self.timeline = Timeline(view.timeline, view.sources, view.replica_id)
+        self.timeline.refresh()
+        self.desired = desired_for(spark, view, self.timeline)
+        self.schema = self.desired.schema
         validate_target(spark, view, self.schema)
-        self._check_times(self.desired.latest_version(), self._table_upper())
+        self._check_times(table_upper)
         self.minter = Minter(view.as_of, view.read_only)
         self.correction = CorrectionBuffer(spark, self.schema)
         self.readback = ReadBack(spark, self.shard, self.schema)
         self.desired_frontier: int | None = None
-        self.pending_repairs: set[int] = set()
+        #: Foreign commits not yet accounted for by an mvsink commit: version -> its undo.
+        self.pending_repairs: dict[int, DataFrame] = {}
+        self._readback_version = -1
         #: The view's upper as this replica last saw it (read back, or moved by its own append).
         self.observed_upper = 0
         #: How often this replica has hydrated (read the whole input): once, unless restarted.
         self.hydrations = 0
         self._steps = 0
-        log.info("view %s (replica %s) on %s: %s, key %s, as_of %d%s", view.view_id, view.replica_id,
-                 view.target, type(view.input).__name__, list(view.key), view.as_of,
-                 ", read-only" if view.read_only else "")
+        log.info("view %s (replica %s) on %s: %s over %s, key %s, as_of %d, timeline %s%s", view.view_id,
+                 view.replica_id, view.target, type(view.input).__name__, view.sources, list(view.key),
+                 view.as_of, view.timeline, ", read-only" if view.read_only else "")
 
     @property
     def read_only(self) -> bool:
@@ -142,36 +163,35 @@ class MaterializedView:
     def _table_upper(self) -> int:
         return self.shard.upper() if latest_version(self.view.target) is not None else 0
 
-    def _check_times(self, source_latest: int, upper: int) -> None:
-        if upper > source_latest + 1 and upper > self.view.as_of:
+    def _check_times(self, upper: int) -> None:
+        """The target's upper cannot be past the timeline's: read the upper first, then this."""
+        timeline_upper = self.timeline.refresh()
+        if upper > timeline_upper and upper > self.view.as_of:
             raise TimeWentBackwards(
-                f"view {self.view.view_id!r}: the target's upper {upper} is past the source's latest "
-                f"version {source_latest} + 1; was the source recreated or restored?"
+                f"view {self.view.view_id!r}: the target's upper {upper} is past the upper "
+                f"{timeline_upper} of its timeline {self.view.timeline}; was the timeline deleted, "
+                "recreated or replaced?"
             )
 
     # -- one step -------------------------------------------------------------------------------
 
     def step(self) -> StepReport:
         started = time.monotonic()
-        source_latest = self.desired.latest_version()
-        if self.desired_frontier is not None and source_latest + 1 < self.desired_frontier:
-            raise TimeWentBackwards(
-                f"source {self.desired.source} went back from version {self.desired_frontier - 1} "
-                f"to {source_latest}"
-            )
+        minted = None
         try:
-            persisted = self._reconcile(source_latest)
+            persisted, minted = self._reconcile()
         except Exception as exc:
             # The buffer may have missed what the failed reconcile consumed: start over from the
-            # table and the source, as a restarted replica would.
+            # table and the sources, as a restarted replica would.
             self._forget()
             if not isinstance(exc, ReadBackError):
                 raise
             log.warning("read-back cannot follow the table (%s); rehydrating", exc)
-            persisted = self._reconcile(source_latest)
+            persisted, minted = self._reconcile()
         self.observed_upper = max(self.observed_upper, persisted.upper)
         report = StepReport(persisted.version, persisted.upper, self.desired_frontier,
-                            self.correction.count())
+                            self.correction.count(), timeline_upper=self.timeline.upper,
+                            minted_time=minted)
         self.minter.advance_persist(max(self.view.as_of, persisted.upper))
         if self.desired_frontier is not None:
             self.minter.advance_desired(self.desired_frontier)
@@ -191,32 +211,72 @@ class MaterializedView:
         report.seconds = time.monotonic() - started
         return report
 
-    def _reconcile(self, source_latest: int):
-        """Steps 1-3: read back, read the input, fold both into the correction buffer."""
+    def _reconcile(self):
+        """Steps 1-3: read back, mint a time if due, read the input, fold into the buffer.
+
+        Returns what was read back and the time this replica minted (None if none)."""
         persisted = self.readback.poll()
-        self.pending_repairs |= set(persisted.foreign_versions)
-        self.pending_repairs -= set(persisted.repaired_versions)
-        if persisted.foreign_versions:
-            log.warning("foreign commits at versions %s: they will be corrected", persisted.foreign_versions)
+        self._readback_version = persisted.version
+        self.pending_repairs.update(persisted.foreign)
+        for version in [v for v in self.pending_repairs if v <= persisted.accounted_through]:
+            del self.pending_repairs[version]
+        if persisted.foreign:
+            log.warning("foreign commits at versions %s: they will be repaired", sorted(persisted.foreign))
+        self._check_times(persisted.upper)
+        latest = self.desired.latest_versions()
+        self.timeline.check_not_behind(latest)
+        minted = None
+        last = self.timeline.last()
+        computed_all = self.desired_frontier in (None, self.timeline.upper)
+        if not self.read_only and computed_all and (last is None or last.versions != latest):
+            minted = self._mint_time(latest, REASON_SOURCES)
         changes = []
         if persisted.updates is not None:
             changes.append(negate(persisted.updates))
+        desired = self._read_desired(persisted)
+        if desired is not None:
+            changes.append(desired)
+        self._fold(changes, persisted, desired)
+        if not self.read_only and self._drifted(persisted):
+            minted = self._mint_time(self.timeline.last().versions, REASON_REPAIR_TIME)
+            desired = self._read_desired(persisted)
+            if desired is not None:
+                self._fold([desired], persisted, desired)
+        return persisted, minted
+
+    def _mint_time(self, versions: dict[str, int], reason: str) -> int | None:
+        time_ = self.timeline.upper
+        return time_ if self.timeline.extend(versions, reason, at=time_) else None
+
+    def _drifted(self, persisted) -> bool:
+        """Whether the buffer holds a correction for a time the table already has, with every
+        time computed: nothing but a new time can carry it."""
+        caught_up = (self.desired_frontier is not None and self.desired_frontier == self.timeline.upper
+                     and persisted.upper >= self.desired_frontier)
+        if not caught_up:
+            return False
+        return bool(self.pending_repairs) or not self.correction.updates.where(
+            F.col(TIME) <= F.lit(persisted.upper)).isEmpty()
+
+    def _read_desired(self, persisted) -> DataFrame | None:
+        """The input's updates from the desired frontier to the timeline's upper (or the
+        hydration); None if there are none."""
         desired = None
+        upper = self.timeline.upper
         if self.desired_frontier is None:
-            self._check_times(source_latest, persisted.upper)
             hydrate_at = max(self.view.as_of, persisted.upper - 1)
-            if source_latest >= hydrate_at:
-                log.info("hydrating at source version %d (table version %d, upper %d)",
-                         hydrate_at, persisted.version, persisted.upper)
+            if upper > hydrate_at:
+                log.info("hydrating at time %d = %s (table version %d, upper %d)", hydrate_at,
+                         self.timeline.versions(hydrate_at), persisted.version, persisted.upper)
                 desired = self.desired.snapshot(hydrate_at)
                 self.desired_frontier = hydrate_at + 1
                 self.hydrations += 1
-        elif source_latest >= self.desired_frontier:
-            desired = self.desired.changes(self.desired_frontier, source_latest)
-            self.desired_frontier = source_latest + 1
-        if desired is not None:
-            desired = desired.localCheckpoint(eager=True)
-            changes.append(desired)
+        elif upper > self.desired_frontier:
+            desired = self.desired.changes(self.desired_frontier, upper - 1)
+            self.desired_frontier = upper
+        return desired.localCheckpoint(eager=True) if desired is not None else None
+
+    def _fold(self, changes: list[DataFrame], persisted, desired: DataFrame | None) -> None:
         since = max(self.view.as_of, persisted.upper)
         try:
             self.correction.apply(changes, since)
@@ -227,7 +287,6 @@ class MaterializedView:
             raise
         if desired is not None and self.view.key:
             self._check_keys(persisted.version, desired, since)
-        return persisted
 
     def _check_keys(self, table_version: int, desired: DataFrame, since: int) -> None:
         """Recompute key violations where a key's row count may have changed.
@@ -257,30 +316,51 @@ class MaterializedView:
         self.correction.reset()
         self.readback.reset()
         self.desired_frontier = None
+        self.pending_repairs = {}
 
     def _write_and_append(self, desc: Description) -> tuple[bool, int]:
         """Steps 5-6. Returns whether the append won and how many files it carried."""
         if latest_version(self.view.target) is None:
             create_target(self.view, self.schema)
         updates = batch_updates(self.correction.updates, desc, self.correction.since)
+        extra = {META_READBACK: self._readback_version}
+        if self.pending_repairs:
+            history = self._history_repair(desc)
+            extra[META_HISTORY] = history.count()
+            # The undos at their own times, and their sum taken back at lower, where the buffer
+            # already has it: the contents from lower on are the buffer's, history is restored.
+            updates = consolidate(updates.unionByName(history).unionByName(
+                negate(advance_times(history, desc.lower))))
         batch = stage(updates, desc, self.view.target, self.view.view_id, self.view.replica_id)
         if self.pending_repairs:
             reason = REASON_REPAIR
         else:
             reason = REASON_CORRECTION if batch.files else REASON_PROGRESS
         result = compare_and_append(self.shard, desc, batch if batch.files else None, reason,
-                                    sorted(self.pending_repairs))
+                                    sorted(self.pending_repairs), extra=extra)
         if result.appended:
             self.pending_repairs.clear()
         return result.appended, len(batch.files)
 
+    def _history_repair(self, desc: Description) -> DataFrame:
+        """The pending undos' updates below ``desc.lower``, consolidated (later ones the buffer
+        holds at their times already)."""
+        undos = list(self.pending_repairs.values())
+        history = undos[0]
+        for undo in undos[1:]:
+            history = history.unionByName(undo)
+        return consolidate(history.where(F.col(TIME) < F.lit(desc.lower))).localCheckpoint(eager=True)
+
     # -- running -------------------------------------------------------------------------------
 
     def run_until_caught_up(self, max_steps: int = 100) -> StepReport:
-        """Step until the table's upper has reached the source's latest version + 1 (writers only)."""
+        """Step until the table has every time and the latest time the sources' newest versions
+        (writers only)."""
         for _ in range(max_steps):
             report = self.step()
-            if report.desc is None and report.upper >= self.desired.latest_version() + 1:
+            last = self.timeline.last()
+            if (report.desc is None and last is not None and report.upper >= self.timeline.upper
+                    and last.versions == self.desired.latest_versions()):
                 return report
         raise RuntimeError(f"view {self.view.view_id!r} did not catch up in {max_steps} steps")
 
@@ -294,15 +374,19 @@ class MaterializedView:
         """
         checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"mvsink-{self.view.view_id}-")
         ticks = self.spark.readStream.format("rate").option("rowsPerSecond", 1).load()
+        self._stream_stopping = False
 
         def on_batch(batch: DataFrame, batch_id: int) -> None:
-            if before_step is not None:
-                before_step()
-            try:
-                self.foreach_batch(batch, batch_id)
-            finally:
-                if after_step is not None:
-                    after_step()
+            with self._stream_gate:
+                if self._stream_stopping:
+                    return
+                if before_step is not None:
+                    before_step()
+                try:
+                    self.foreach_batch(batch, batch_id)
+                finally:
+                    if after_step is not None:
+                        after_step()
 
         return (
             ticks.writeStream.foreachBatch(on_batch)
@@ -311,3 +395,14 @@ class MaterializedView:
             .queryName(f"mvsink-{self.view.view_id}")
             .start()
         )
+
+    def stop_stream(self, query, timeout_seconds: float = 60.0) -> None:
+        """Stop a query of :meth:`start_stream` between two steps: wait for the running step to
+        end (however busy the trigger is) and let no further step start, then stop the query.
+        A step still running after ``timeout_seconds`` is interrupted: a step stopped anywhere
+        loses nothing (see :meth:`step`)."""
+        between_steps = self._stream_gate.acquire(timeout=timeout_seconds)
+        self._stream_stopping = True
+        if between_steps:
+            self._stream_gate.release()
+        query.stop()

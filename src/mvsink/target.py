@@ -16,7 +16,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink import storage
-from mvsink.inputs import latest_version, spark_uri
+from mvsink.table import latest_version, spark_uri
 from mvsink.view import ConfigError, ViewDefinition
 
 log = logging.getLogger(__name__)

@@ -1,13 +1,17 @@
-"""What a user defines: a view (its id, target table, key, as_of, input) and how a replica runs it.
+"""What a user defines: a view (its id, target table, key, as_of, sources, input, timeline).
 
-Two inputs feed a view, both deterministic across replicas (same source, same times, same rows):
+A view reads named Delta *sources* and lives on a *timeline* (:mod:`mvsink.timeline`): a logical
+time is an entry of the timeline, which pins a version of every source. Two inputs feed a view,
+both deterministic across replicas (same sources, same times, same rows):
 
-* :class:`ChangesInput`: a source Delta table's change data feed. Time = the source commit version,
-  diff from the change type. An optional ``map_row`` (filter, project, map one row) runs on each
-  changed row and keeps its time and diff; a row it fails on becomes an error update.
-* :class:`SnapshotInput`: ``query(source_df)`` over the source read at a pinned version ``t``, for
-  every source version ``t``; a view over a snapshot changes only where consecutive snapshots
-  differ (a keyed anti-join).
+* :class:`ChangesInput`: one source's change data feed; an update's time is the timeline time whose
+  entry first covers its commit version, its diff comes from the change type. An optional
+  ``map_row`` (filter, project, map one row) runs on each changed row and keeps its time and diff;
+  a row it fails on becomes an error update.
+* :class:`SnapshotInput`: a query over the sources read at the versions of each time: Spark SQL
+  text (the sources registered under their names) or a Python function given the sources as
+  DataFrames by name (or, for a view with one unnamed source, the source DataFrame alone). A view
+  over snapshots changes only where consecutive results differ (a keyed anti-join).
 
 A view definition can also be loaded from YAML (see README), functions named as
 ``module:function``.
@@ -17,11 +21,12 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import socket
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Union
+from typing import Callable, Mapping, Union
 
 import yaml
 from pyspark.sql import DataFrame
@@ -34,7 +39,8 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ChangesInput:
-    """The change data feed of the Delta table at ``source`` (it must have CDF enabled)."""
+    """The change data feed of ``source`` (a path, or the name of one of the view's sources; the
+    table must have CDF enabled)."""
 
     source: str
     map_row: Callable[[dict], dict | None] | None = None
@@ -48,13 +54,28 @@ class ChangesInput:
 
 @dataclass(frozen=True)
 class SnapshotInput:
-    """``query`` applied to the Delta table at ``source`` read at each of its versions."""
+    """A query over the sources read at each time's versions: ``sql`` text over the sources by
+    name, or ``query``, a function given them as DataFrames by name; with ``source`` (one table,
+    no ``sources`` in the view) ``query`` is given that one DataFrame."""
 
-    source: str
-    query: Callable[[DataFrame], DataFrame]
+    source: str | None = None
+    query: Callable[..., DataFrame] | None = None
+    sql: str | None = None
+
+    def __post_init__(self):
+        if (self.query is None) == (self.sql is None):
+            raise ConfigError("SnapshotInput: give exactly one of query (a function) and sql (text)")
 
 
 Input = Union[ChangesInput, SnapshotInput]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def source_name(path: str) -> str:
+    """The name a view's only source gets when the view names none: its directory's name."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", path.rstrip("/").rsplit("/", 1)[-1]) or "source"
+    return name if _NAME.match(name) else f"_{name}"
 
 
 def default_replica_id() -> str:
@@ -72,6 +93,11 @@ class ViewDefinition:
     as_of: int = 0
     read_only: bool = False
     replica_id: str = field(default_factory=default_replica_id)
+    #: The view's sources, name -> Delta table path; empty: the input's one ``source``, named
+    #: after its directory. Every view on one timeline declares the timeline's sources.
+    sources: Mapping[str, str] = field(default_factory=dict)
+    #: The timeline's Delta table; default: ``<target>_timeline`` (a timeline of its own).
+    timeline: str | None = None
 
     def __post_init__(self):
         if not self.view_id or any(c in self.view_id for c in "/\\ "):
@@ -80,8 +106,30 @@ class ViewDefinition:
             raise ConfigError(f"as_of must be a non-negative integer, not {self.as_of!r}")
         object.__setattr__(self, "key", tuple(self.key))
         object.__setattr__(self, "target", normalize_path(self.target))
-        source = normalize_path(self.input.source)
-        object.__setattr__(self, "input", replace(self.input, source=source))
+        sources = {str(name): normalize_path(path) for name, path in dict(self.sources).items()}
+        bad = [name for name in sources if not _NAME.match(name)]
+        if bad:
+            raise ConfigError(f"view {self.view_id!r}: source names {bad} are not SQL identifiers")
+        source = self.input.source
+        if source is not None:
+            if source in sources:
+                source = sources[source]
+            else:
+                source = normalize_path(source)
+                if sources and source not in sources.values():
+                    raise ConfigError(f"view {self.view_id!r}: input source {self.input.source!r} is "
+                                      f"neither a name nor a path of its sources {sorted(sources)}")
+                sources = sources or {source_name(source): source}
+            object.__setattr__(self, "input", replace(self.input, source=source))
+        elif not sources:
+            raise ConfigError(f"view {self.view_id!r}: give sources (name: path) or the input's source")
+        if isinstance(self.input, ChangesInput) and self.input.source is None:
+            raise ConfigError(f"view {self.view_id!r}: a changes input needs source (one of {sorted(sources)})")
+        object.__setattr__(self, "sources", sources)
+        timeline = normalize_path(self.timeline) if self.timeline else self.target + "_timeline"
+        object.__setattr__(self, "timeline", timeline)
+        if timeline == self.target or timeline in sources.values():
+            raise ConfigError(f"view {self.view_id!r}: the timeline {timeline} cannot be the target or a source")
 
     @property
     def app_id(self) -> str:
@@ -130,15 +178,17 @@ def load_config(path: str | os.PathLike, *, read_only: bool | None = None,
     )
 
 
-_SETTINGS = {"view_id", "target", "key", "as_of", "input", "read_only", "replica_id"}
+_SETTINGS = {"view_id", "target", "key", "as_of", "input", "read_only", "replica_id", "sources",
+             "timeline"}
 
 
 def spec_from_yaml(path: str | os.PathLike) -> dict:
     """The view specification in a YAML file, relative paths made absolute (``base_dir``).
 
     A specification is plain data (it travels in ``CreateDataflow``): view_id, target, key, as_of,
-    input (kind, source, map_row, output_schema or query; functions as ``module:function``), and
-    ``base_dir``, the directory functions and relative paths are resolved against.
+    sources (name: path), timeline (a path), input (kind, source, map_row, output_schema, query or
+    sql; functions as ``module:function``), and ``base_dir``, the directory functions and relative
+    paths are resolved against.
     """
     path = Path(path)
     try:
@@ -182,22 +232,32 @@ def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None
         return p if "://" in p or os.path.isabs(p) or base is None else str(base / p)
 
     where = f"view {spec['view_id']!r}"
+    sources = spec.get("sources") or {}
+    if not isinstance(sources, dict) or not all(isinstance(p, str) for p in sources.values()):
+        raise ConfigError(f"{where}: sources must map names to table paths, not {sources!r}")
     input_spec = spec["input"]
-    if (not isinstance(input_spec, dict) or "source" not in input_spec
-            or input_spec.get("kind") not in ("changes", "snapshot")):
-        raise ConfigError(f"{where}: input needs kind (changes or snapshot) and source")
+    if not isinstance(input_spec, dict) or input_spec.get("kind") not in ("changes", "snapshot"):
+        raise ConfigError(f"{where}: input needs kind (changes or snapshot)")
+    source = input_spec.get("source")
+    if source is not None and source not in sources:
+        source = relative(source)
     if input_spec["kind"] == "changes":
+        if source is None:
+            raise ConfigError(f"{where}: a changes input needs source")
         fn = input_spec.get("map_row")
         view_input: Input = ChangesInput(
-            source=relative(input_spec["source"]),
+            source=source,
             map_row=resolve_function(fn, base) if fn else None,
             output_schema=input_spec.get("output_schema"),
         )
     else:
-        if "query" not in input_spec:
-            raise ConfigError(f"{where}: a snapshot input needs query: module:function")
-        view_input = SnapshotInput(source=relative(input_spec["source"]),
-                                   query=resolve_function(input_spec["query"], base))
+        if ("query" in input_spec) == ("sql" in input_spec):
+            raise ConfigError(f"{where}: a snapshot input needs query: module:function, or sql: text")
+        if source is None and not sources:
+            raise ConfigError(f"{where}: a snapshot input needs sources (name: path) or source")
+        query = resolve_function(input_spec["query"], base) if "query" in input_spec else None
+        view_input = SnapshotInput(source=None if sources else source, query=query,
+                                   sql=input_spec.get("sql"))
     key = spec.get("key") or ()
     if isinstance(key, str):
         key = (key,)
@@ -213,4 +273,6 @@ def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None
         as_of=as_of,
         read_only=read_only,
         replica_id=replica_id or default_replica_id(),
+        sources={name: relative(path) for name, path in sources.items()},
+        timeline=relative(spec["timeline"]) if spec.get("timeline") else None,
     )

@@ -36,7 +36,6 @@ reported as appended; its files are kept. Transient errors are retried with boun
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -46,7 +45,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
-from mvsink import failpoints, storage
+from mvsink import failpoints, storage, table as delta_table
 from mvsink.mint import Description
 from mvsink.write import StagedBatch
 
@@ -62,6 +61,11 @@ META_REPAIRS = "mvsink.repairs"
 META_COMMIT = "mvsink.commit"
 #: Set by compactions only: the view's since from that commit on.
 META_SINCE = "mvsink.since"
+#: Set by appends: the table version the replica had read back; foreign commits up to it are
+#: accounted for by this commit (see :mod:`mvsink.correction.readback`).
+META_READBACK = "mvsink.readback"
+#: Set by repairs: how many updates the commit wrote below its lower, restoring history.
+META_HISTORY = "mvsink.history_updates"
 
 REASON_CORRECTION = "correction"
 REASON_REPAIR = "repair"
@@ -86,11 +90,13 @@ class AppendResult:
 class Shard:
     """The target table as seen by one view: its upper, and the commits that move it."""
 
-    def __init__(self, target: str, app_id: str, view_id: str, replica_id: str):
+    def __init__(self, target: str, app_id: str, view_id: str, replica_id: str, failpoint_prefix: str = ""):
         self.target = target
         self.app_id = app_id
         self.view_id = view_id
         self.replica_id = replica_id
+        #: Prefix of the failpoints its appends hit (``before-commit``, ``after-commit``).
+        self.failpoint_prefix = failpoint_prefix
 
     def table(self, version: int | None = None) -> DeltaTable:
         """The table (latest or at ``version``), loaded with retries on transient errors."""
@@ -120,18 +126,19 @@ class Shard:
 
     def commit_info(self, version: int) -> dict:
         """The commit info of table ``version`` (empty if it has none)."""
-        return storage.retrying(f"reading version {version} of {self.target}", _read_commit_info,
+        return storage.retrying(f"reading version {version} of {self.target}", delta_table.commit_info,
                                 self.target, version)
 
     def commit(self, table: DeltaTable, lower: int, upper: int, reason: str,
                files: list | None = None, repairs: list[int] | None = None,
                commit_id: str | None = None, removes: list[tuple[str, int]] | None = None,
-               data_change: bool = True, since: int | None = None) -> str:
+               data_change: bool = True, since: int | None = None, extra: dict | None = None) -> str:
         """One commit based on ``table``'s snapshot moving the txn from `lower` to `upper`.
 
         It adds ``files`` (staged files) and removes ``removes`` (`(path, size)` of files in the
         snapshot); ``data_change=False`` marks both as a rearrangement that changes no contents.
-        ``since`` is recorded as :data:`META_SINCE`. Returns the commit's id (``mvsink.commit``).
+        ``since`` is recorded as :data:`META_SINCE`, ``extra`` (``mvsink.*`` keys) as given. Returns
+        the commit's id (``mvsink.commit``).
         """
         commit_id = commit_id or uuid.uuid4().hex
         now = int(time.time() * 1000)
@@ -152,6 +159,7 @@ class Shard:
         }
         if since is not None:
             metadata[META_SINCE] = since
+        metadata.update(extra or {})
         table.create_write_transaction(
             actions, mode="append", schema=table.schema(),
             commit_properties=CommitProperties(
@@ -163,8 +171,11 @@ class Shard:
 
 
 def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | None,
-                       reason: str, repairs: list[int] | None = None) -> AppendResult:
-    """Commit ``batch`` (None: no data, only progress) as `[lower, upper)`; see the module doc."""
+                       reason: str, repairs: list[int] | None = None,
+                       extra: dict | None = None) -> AppendResult:
+    """Commit ``batch`` (None: no data, only progress) as `[lower, upper)`; see the module doc.
+
+    ``extra`` is more commit info (``mvsink.*`` keys) for the commit of ``batch``."""
     files = batch.files if batch else []
     foreign_conflicts = 0
     transient_failures = 0
@@ -188,12 +199,12 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
                 continue
             if current > desc.lower:
                 break
-            failpoints.hit("before-commit")
+            failpoints.hit(shard.failpoint_prefix + "before-commit")
             commit_id = uuid.uuid4().hex
             attempt_ids.add(commit_id)
             based_on = table.version() if based_on is None else based_on
-            shard.commit(table, desc.lower, desc.upper, reason, files, repairs, commit_id)
-            failpoints.hit("after-commit")
+            shard.commit(table, desc.lower, desc.upper, reason, files, repairs, commit_id, extra=extra)
+            failpoints.hit(shard.failpoint_prefix + "after-commit")
             log.info("appended %s: %d files, %d updates (%s)", desc, len(files),
                      batch.num_records if batch else 0, reason)
             return AppendResult(True, desc.upper)
@@ -229,16 +240,6 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
     if batch:
         batch.delete()
     return AppendResult(False, current)
-
-
-def _read_commit_info(target: str, version: int) -> dict:
-    fs, root = storage.filesystem(target)
-    with fs.open_input_stream(storage.join(root, f"_delta_log/{version:020d}.json")) as f:
-        for line in f.read().decode().splitlines():
-            action = json.loads(line) if line.strip() else {}
-            if "commitInfo" in action:
-                return action["commitInfo"]
-    return {}
 
 
 def _span(desc: Description) -> str:

@@ -46,8 +46,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import types as T
 
 from mvsink.append import REASON_COMPACTION, Shard
-from mvsink.correction.readback import file_uri
-from mvsink.inputs import latest_version
+from mvsink.table import file_uri, latest_version
 from mvsink.mint import Description
 from mvsink.read import since_of
 from mvsink.updates import TIME, advance_times, consolidate, normalize

@@ -9,24 +9,26 @@ change). Only file lists reach the driver; the rows are read by Spark.
 
 The first poll sees the whole table as added, which is how a replica hydrates its persisted side.
 
-A foreign commit is one that does not carry this view's commit info; the read-back reports them
-so that the commit that repairs them can say so. Commits listed as repaired by an mvsink commit
-are reported too, so that a replica stops claiming a repair another replica made.
+A foreign commit is one that does not carry this view's commit info. For each, the read-back
+also returns its *undo*: the rows of the files it removed minus the rows of the files it added,
+at their own times. Added to the table, an undo makes every time exactly what it was before the
+foreign commit, which is how a repair restores the view's history and not only its present
+(:mod:`mvsink.sink`). Each mvsink commit records the table version its replica had read back
+(``mvsink.readback``): every foreign commit up to that version is accounted for by it, in its
+history or at its lower, so no other replica repairs it again.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from mvsink import storage
-from mvsink.inputs import latest_version
-from mvsink.append import META_REPAIRS, META_VIEW, Shard
+from mvsink.table import file_uri, latest_version, log_actions
+from mvsink.append import META_READBACK, META_VIEW, Shard
 from mvsink.updates import negate, normalize
 
 log = logging.getLogger(__name__)
@@ -45,8 +47,10 @@ class Persisted:
     upper: int
     #: Updates committed since the previous poll (None: nothing changed).
     updates: DataFrame | None
-    foreign_versions: list[int] = field(default_factory=list)
-    repaired_versions: list[int] = field(default_factory=list)
+    #: Foreign commits since the previous poll: version -> its undo (updates at their own times).
+    foreign: dict[int, DataFrame] = field(default_factory=dict)
+    #: The latest table version an mvsink commit read since the previous poll accounts for.
+    accounted_through: int = -1
 
 
 class ReadBack:
@@ -74,7 +78,7 @@ class ReadBack:
             raise ReadBackError(f"{self.shard.target} has deletion vectors, which mvsink cannot read back")
         files = set(table.get_add_actions(flatten=True).column("path").to_pylist())
         added, removed = files - self.files, self.files - files
-        foreign, repaired = self._classify(version)
+        foreign, accounted = self._classify(version)
         parts = []
         if added:
             parts.append(self._read(added))
@@ -86,39 +90,33 @@ class ReadBack:
         log.debug("read back versions %d..%d: +%d -%d files, upper %d",
                   self.version + 1, version, len(added), len(removed), upper)
         self.version, self.files = version, files
-        return Persisted(version, upper, updates, foreign, repaired)
+        return Persisted(version, upper, updates, foreign, accounted)
 
-    def _classify(self, version: int) -> tuple[list[int], list[int]]:
-        """Versions after the last poll that are foreign writes, and versions repaired by mvsink."""
+    def _classify(self, version: int) -> tuple[dict[int, DataFrame], int]:
+        """The foreign commits after the last poll with their undos, and the latest version that
+        an mvsink commit of the view among them accounts for."""
         if self.version < 0:
-            return [], []
-        foreign, repaired = [], []
+            return {}, -1
+        foreign, accounted = {}, -1
         # Each version's own log entry: delta-rs' history() numbers commits newer than the loaded
         # snapshot from the snapshot's version, so its versions can be off under concurrency.
         for v in range(self.version + 1, version + 1):
-            info = self.shard.commit_info(v)
+            actions = storage.retrying(f"reading version {v} of {self.shard.target}", log_actions,
+                                       self.shard.target, v)
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
             if info.get(META_VIEW) == self.shard.view_id:
-                repaired.extend(_as_list(info.get(META_REPAIRS)))
+                if info.get(META_READBACK) is not None:
+                    accounted = max(accounted, int(info[META_READBACK]))
             elif info.get("operation") not in _CONTENT_PRESERVING:
-                foreign.append(v)
-        return sorted(foreign), repaired
+                added = {a["add"]["path"] for a in actions if "add" in a}
+                removed = {a["remove"]["path"] for a in actions if "remove" in a}
+                parts = ([negate(self._read(added))] if added else []) + ([self._read(removed)] if removed else [])
+                undo = parts[0].unionByName(parts[1]) if len(parts) == 2 else (parts[0] if parts else None)
+                foreign[v] = (undo if undo is not None else self.spark.createDataFrame([], self.schema)
+                              ).localCheckpoint(eager=True)
+        return foreign, accounted
 
     def _read(self, paths: set[str]) -> DataFrame:
         uris = [file_uri(self.shard.target, p) for p in sorted(paths)]
         return normalize(self.spark.read.schema(self.schema).parquet(*uris), self.schema)
 
-
-def _as_list(value) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        value = json.loads(value)
-    return [int(v) for v in value]
-
-
-def file_uri(target: str, path: str) -> str:
-    path = unquote(path)
-    if "://" in path or path.startswith("/"):
-        return path
-    uri = storage.join(target, path)
-    return "s3a://" + uri[len("s3://"):] if uri.startswith("s3://") else uri

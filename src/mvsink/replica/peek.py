@@ -30,7 +30,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from mvsink.inputs import latest_version
+from mvsink.table import latest_version
 from mvsink.read import updates, view_since, view_upper
 from mvsink.updates import CLOSED, ERROR, RESERVED, contents_at
 

@@ -12,21 +12,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Callable
 
 from mvsink.append.compact import compact
 from mvsink.sink import MaterializedView
 
 log = logging.getLogger(__name__)
-
-
-def stop_between_steps(query, timeout_seconds: float = 120.0) -> None:
-    """Stop ``query`` once no step is running (or after ``timeout_seconds``)."""
-    deadline = time.monotonic() + timeout_seconds
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.1)
-    query.stop()
 
 
 class RunningView:
@@ -55,13 +46,13 @@ class RunningView:
     def set_trigger(self, trigger_seconds: float) -> None:
         """Run the query at a new interval: stop it between steps and start it again."""
         if self.query is not None:
-            stop_between_steps(self.query)
+            self.view.stop_stream(self.query)
             self.query = None
             self.schedule(trigger_seconds)
 
     def stop(self) -> None:
         if self.query is not None:
-            stop_between_steps(self.query)
+            self.view.stop_stream(self.query)
             log.info("view %s stopped", self.view_id)
 
     def failure(self) -> str | None:

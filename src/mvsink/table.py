@@ -1,0 +1,57 @@
+"""A Delta table as mvsink reads it without Spark: its latest version, its log entries, file URIs.
+
+Every table mvsink touches (sources, the target, the timeline) is read here by listing and reading
+its ``_delta_log`` directly: the newest version is the largest ``NNN.json`` commit file, a
+version's actions are the lines of its commit file. This needs no Spark job and no snapshot load.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from urllib.parse import unquote
+
+from pyarrow.fs import FileSelector
+
+from mvsink import storage
+
+_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+
+
+def latest_version(table_uri: str) -> int | None:
+    """The newest committed version of the Delta table at ``table_uri``; None if there is none."""
+    fs, root = storage.filesystem(table_uri)
+    try:
+        infos = fs.get_file_info(FileSelector(storage.join(root, "_delta_log"), allow_not_found=True))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    versions = [int(m.group(1)) for i in infos if (m := _COMMIT_FILE.match(i.base_name))]
+    return max(versions) if versions else None
+
+
+def log_actions(table_uri: str, version: int) -> list[dict]:
+    """The actions of the commit file of ``version`` (one dict per line)."""
+    fs, root = storage.filesystem(table_uri)
+    with fs.open_input_stream(storage.join(root, f"_delta_log/{version:020d}.json")) as f:
+        return [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
+
+
+def commit_info(table_uri: str, version: int) -> dict:
+    """The commit info of ``version`` (empty if it has none)."""
+    for action in log_actions(table_uri, version):
+        if "commitInfo" in action:
+            return action["commitInfo"]
+    return {}
+
+
+def spark_uri(uri: str) -> str:
+    """The URI Spark (Hadoop S3A) reads ``uri`` with."""
+    return "s3a://" + uri[len("s3://"):] if uri.startswith("s3://") else uri
+
+
+def file_uri(table_uri: str, path: str) -> str:
+    """The URI Spark reads a data file with, from its path in an add or remove action."""
+    path = unquote(path)
+    if "://" in path or path.startswith("/"):
+        return path
+    return spark_uri(storage.join(table_uri, path))
