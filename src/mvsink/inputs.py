@@ -7,6 +7,12 @@ updates at the same times:
 * :class:`ChangesDesired`: ``snapshot(t)`` is the source at time `t`'s version (diff +1),
   ``changes(lo, hi)`` its change data feed between the versions of `lo - 1` and `hi`, each change
   at the first time whose version covers its commit; rows go through ``map_row`` when given.
+  When the feed cannot be read for the range (change data feed off for some version, its
+  ``_change_data`` files removed, a schema change Delta cannot read across), the changes are the
+  differences of the source's snapshots at each time's version instead: exact, never skipped.
+  A snapshot that cannot be read either (files VACUUMed), or a column whose type changed under
+  a view without ``map_row``, stops the view with a :class:`SourceChangesLost` or
+  :class:`SourceSchemaChanged` naming the versions.
 * :class:`SnapshotDesired`: ``snapshot(t)`` is the query over the sources at time `t`'s versions;
   ``changes(lo, hi)`` evaluates it once per time whose versions differ from the time before
   (a time that repeats them, a repair time, has no changes) and emits where consecutive results
@@ -36,6 +42,27 @@ from mvsink.view import ChangesInput, ConfigError, SnapshotInput, ViewDefinition
 log = logging.getLogger(__name__)
 
 _CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+
+#: Error conditions of a change feed (or snapshot) read that no retry can cure.
+_UNREADABLE = ("DELTA_MISSING_CHANGE_DATA", "FILE_NOT_EXIST", "FileNotFoundException", "DATA_TYPE_MISMATCH",
+               "INCOMPATIBLE_SCHEMA_CHANGE", "DELTA_CHANGE_DATA_FEED")
+
+
+class SourceChangesLost(ConfigError):
+    """Neither the change feed nor the snapshots of a range of source versions can be read."""
+
+
+class SourceSchemaChanged(ConfigError):
+    """A source's columns changed so that the view's rows cannot be computed with its schema."""
+
+
+def _unreadable(exc: Exception) -> str | None:
+    """The first line of ``exc`` if it says the data is gone or unreadable for good, else None."""
+    text = str(exc)
+    if not any(marker in text for marker in _UNREADABLE):
+        return None
+    start = text.find("[")
+    return text[start if start >= 0 else 0:].splitlines()[0][:300]
 
 
 class Desired:
@@ -133,10 +160,7 @@ class ChangesDesired(Desired):
         return self._finish(rows)
 
     def snapshot(self, time: int) -> DataFrame:
-        source = self.read_source(self.name, self.timeline.versions(time)[self.name])
-        return self._to_view(source.select(
-            *source.columns, F.lit(time).cast("long").alias(TIME), F.lit(1).cast("long").alias(DIFF)
-        ))
+        return self._rows_at(self.timeline.versions(time)[self.name], time, 1)
 
     def changes(self, lo: int, hi: int) -> DataFrame | None:
         """The change feed between the versions of times `lo - 1` and `hi`; None if none."""
@@ -151,6 +175,17 @@ class ChangesDesired(Desired):
             if version > previous:
                 spans.append((time, previous + 1, version))
                 previous = version
+        try:
+            return self._feed_changes(spans, first, last).localCheckpoint(eager=True)
+        except Exception as exc:
+            reason = _unreadable(exc)
+            if reason is None:
+                raise
+        log.warning("source %s: the change data feed of versions %d..%d cannot be read (%s); computing "
+                    "times %d..%d from snapshots instead", self.source, first, last, reason, lo, hi)
+        return self._snapshot_changes(spans, first - 1, reason)
+
+    def _feed_changes(self, spans: list[tuple[int, int, int]], first: int, last: int) -> DataFrame:
         times = self.spark.createDataFrame(spans, "_mv_t BIGINT, _mv_from BIGINT, _mv_to BIGINT")
         feed = (
             self.spark.read.format("delta").option("readChangeFeed", "true")
@@ -166,6 +201,45 @@ class ChangesDesired(Desired):
             *source_cols, F.col("_mv_t").cast("long").alias(TIME), diff.cast("long").alias(DIFF)
         )
         return self._to_view(updates)
+
+    def _snapshot_changes(self, spans: list[tuple[int, int, int]], before: int, feed_error: str) -> DataFrame:
+        """The changes at each span's time as the difference of the source's snapshots at the
+        span's last version and the version before it (``before`` for the first)."""
+        parts, previous = [], before
+        for time, _, version in spans:
+            parts += [self._rows_at(previous, time, -1), self._rows_at(version, time, 1)]
+            previous = version
+        updates = parts[0]
+        for part in parts[1:]:
+            updates = updates.unionByName(part)
+        try:
+            return updates.localCheckpoint(eager=True)
+        except Exception as exc:
+            reason = _unreadable(exc)
+            if reason is None:
+                raise
+            raise SourceChangesLost(
+                f"source {self.name} ({self.source}) of view {self.view.view_id!r}: the changes of versions "
+                f"{before + 1}..{spans[-1][2]} cannot be read ({feed_error}), nor the snapshots at those "
+                f"versions ({reason}): their files are gone (VACUUM?). The view cannot be exact at times "
+                f"{spans[0][0]}..{spans[-1][0]}; nothing was written. To go on, rebuild the target "
+                f"(move it away) with as_of {spans[-1][0]}, the first time whose source version is readable") from None
+
+    def _rows_at(self, version: int, time: int, diff: int) -> DataFrame:
+        """The source at ``version`` as the view's updates at ``time`` with ``diff``."""
+        source = self.read_source(self.name, version)
+        if self.input.map_row is None:
+            have = {f.name: f.dataType for f in source.schema.fields}
+            changed = [f"{f.name} {f.dataType.simpleString()} -> "
+                       f"{have[f.name].simpleString() if f.name in have else 'dropped'}"
+                       for f in self.user_schema.fields if have.get(f.name) != f.dataType]
+            if changed:
+                raise SourceSchemaChanged(
+                    f"source {self.name} ({self.source}) of view {self.view.view_id!r} changed columns at "
+                    f"version {version}: {', '.join(changed)}; the view's columns are fixed, nothing was "
+                    "written. Define the view with map_row and output_schema, or a new view")
+        return self._to_view(source.select(
+            *source.columns, F.lit(time).cast("long").alias(TIME), F.lit(diff).cast("long").alias(DIFF)))
 
 
 class SnapshotDesired(Desired):

@@ -161,7 +161,7 @@ class MaterializedView:
         log.info("batch %d: %s", batch_id, report)
 
     def _table_upper(self) -> int:
-        return self.shard.upper() if latest_version(self.view.target) is not None else 0
+        return self.shard.verified_upper() if latest_version(self.view.target) is not None else 0
 
     def _check_times(self, upper: int) -> None:
         """The target's upper cannot be past the timeline's: read the upper first, then this."""

@@ -1,7 +1,9 @@
 """`append`: commits a staged batch with compare-and-append on the view's Delta ``txn`` version.
 
 The view's *upper* is the version of the Delta application transaction (``txn`` action) whose
-appId is the view's (:attr:`ViewDefinition.app_id`); a table without it has upper 0. A batch for
+appId is the view's (:attr:`ViewDefinition.app_id`); a table without it has upper 0. Every
+snapshot a shard loads to commit on is checked by :mod:`mvsink.append.guard` (features the commit
+path cannot take are refused), and every upper it reads must not be below one it has seen. A batch for
 `[lower, upper)` is one Delta commit that adds the staged files and sets the txn to `upper`, made
 only if the txn is `lower` in the snapshot the commit is based on.
 
@@ -46,6 +48,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from mvsink import failpoints, storage, table as delta_table
+from mvsink.append.guard import UpperHistory, check_supported
 from mvsink.mint import Description
 from mvsink.write import StagedBatch
 
@@ -97,18 +100,40 @@ class Shard:
         self.replica_id = replica_id
         #: Prefix of the failpoints its appends hit (``before-commit``, ``after-commit``).
         self.failpoint_prefix = failpoint_prefix
+        self.history = UpperHistory(target, app_id, view_id)
 
     def table(self, version: int | None = None) -> DeltaTable:
-        """The table (latest or at ``version``), loaded with retries on transient errors."""
-        return storage.retrying(
+        """The table (latest, checked by the guard; or at ``version``), loaded with retries on
+        transient errors."""
+        table = storage.retrying(
             f"loading {self.target}", DeltaTable, storage.delta_uri(self.target), version=version,
             storage_options=storage.storage_options(self.target))
+        if version is None:
+            check_supported(table, self.target)
+        return table
 
     def upper_of(self, table: DeltaTable) -> int:
-        return table.transaction_version(self.app_id) or 0
+        """The upper in ``table``'s snapshot; never below one this shard has seen or found recorded."""
+        return self.history.check(table.transaction_version(self.app_id) or 0, table.version())
 
     def upper(self) -> int:
         return self.upper_of(self.table())
+
+    def verified_upper(self) -> int:
+        """The upper, after reading the log back to the last commit that set the view's txn: it
+        must be the view's own, and the upper cannot be below what it recorded (see the guard).
+        The log read stops at the first entry gone (cleaned up behind a checkpoint)."""
+        table = self.table()
+        for version in range(table.version(), -1, -1):
+            try:
+                actions = storage.retrying(f"reading version {version} of {self.target}",
+                                           delta_table.log_actions, self.target, version)
+            except FileNotFoundError:
+                break
+            if any("txn" in a and a["txn"].get("appId") == self.app_id for a in actions):
+                self.history.record(version, actions)
+                break
+        return self.upper_of(table)
 
     def landed(self, table: DeltaTable, since_version: int, commit_ids: set[str]) -> int | None:
         """The version after ``since_version`` of a commit carrying one of ``commit_ids``, if any.

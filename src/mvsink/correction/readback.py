@@ -29,6 +29,7 @@ from pyspark.sql import types as T
 from mvsink import storage
 from mvsink.table import file_uri, latest_version, log_actions
 from mvsink.append import META_READBACK, META_VIEW, Shard
+from mvsink.append.guard import UpperWentBackwards
 from mvsink.updates import negate, normalize
 
 log = logging.getLogger(__name__)
@@ -67,18 +68,18 @@ class ReadBack:
 
     def poll(self) -> Persisted:
         if latest_version(self.shard.target) is None:
+            if self.version >= 0:
+                raise UpperWentBackwards(f"{self.shard.target} is no longer a Delta table; it was at "
+                                         f"version {self.version}")
             return Persisted(-1, 0, None)  # not created yet: no writer has written
         table = self.shard.table()
         version = table.version()
-        upper = self.shard.upper_of(table)
         if version == self.version:
-            return Persisted(version, upper, None)
-        features = set(table.protocol().reader_features or [])
-        if "deletionVectors" in features:
-            raise ReadBackError(f"{self.shard.target} has deletion vectors, which mvsink cannot read back")
+            return Persisted(version, self.shard.upper_of(table), None)
+        foreign, accounted = self._classify(version)
+        upper = self.shard.upper_of(table)
         files = set(table.get_add_actions(flatten=True).column("path").to_pylist())
         added, removed = files - self.files, self.files - files
-        foreign, accounted = self._classify(version)
         parts = []
         if added:
             parts.append(self._read(added))
@@ -103,6 +104,7 @@ class ReadBack:
         for v in range(self.version + 1, version + 1):
             actions = storage.retrying(f"reading version {v} of {self.shard.target}", log_actions,
                                        self.shard.target, v)
+            self.shard.history.record(v, actions)
             info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
             if info.get(META_VIEW) == self.shard.view_id:
                 if info.get(META_READBACK) is not None:

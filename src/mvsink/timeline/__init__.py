@@ -135,10 +135,9 @@ class Timeline:
         return times[-1] if times else None
 
     def _load(self) -> None:
-        table = storage.retrying(f"loading timeline {self.path}", DeltaTable, storage.delta_uri(self.path),
-                                 storage_options=storage.storage_options(self.path))
+        table = self.shard.table()  # refused if mvsink cannot commit to it (the guard)
         self._check_sources(table)
-        upper = table.transaction_version(APP_ID) or 0
+        upper = self.shard.upper_of(table)
         rows = table.to_pyarrow_table().to_pylist()
         by_time: dict[int, dict[str, int]] = {}
         minted: dict[int, int] = {}
