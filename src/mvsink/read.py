@@ -18,7 +18,7 @@ from mvsink import storage
 from mvsink.append import (META_LOWER, META_REASON, META_SINCE, META_VIEW, REASON_ADVANCE_UPPER,
                            REASON_COMPACTION, Shard)
 from mvsink.table import latest_version, spark_uri
-from mvsink.updates import ERROR, RESERVED, contents_at, normalize
+from mvsink.updates import DIFF, ERROR, RESERVED, TIME, contents_at, normalize
 
 
 class ViewInError(RuntimeError):
@@ -122,3 +122,38 @@ def register_temp_view(spark: SparkSession, target: str, view_id: str, name: str
     name = name or view_id
     read_view(spark, target, view_id, time).createOrReplaceTempView(name)
     return name
+
+
+#: How each engine names a Delta table at a path and repeats a row `n` times.
+_DIALECTS = {
+    "duckdb": ("delta_scan('{path}')", "AS v, range(v._mv_n)"),
+    "spark": ("delta.`{path}`", "AS v LATERAL VIEW explode(sequence(1, v._mv_n)) r AS _mv_copy"),
+    "trino": ("{table}", "AS v CROSS JOIN UNNEST(sequence(1, v._mv_n)) AS r(_mv_copy)"),
+}
+
+
+def plain_sql(target: str, time: int | None = None, dialect: str = "duckdb", table: str | None = None) -> str:
+    """SQL that shows the view's rows to an engine that knows nothing of mvsink.
+
+    The view at ``time`` (default: the latest, `upper - 1`, which needs no filter: every update
+    in the table has a time below the upper) is the sum of the ``_mv_diff`` of each row's updates
+    with ``_mv_time <= time``, without error updates; a row is listed as often as that sum says.
+    ``dialect``: ``duckdb`` (``delta_scan`` of the target; the delta extension), ``spark``
+    (``delta.`path```), or ``trino`` (``table``: the target's name in the Trino catalog). The
+    result is the view only at times in `[since, upper)` (:func:`view_since`, :func:`view_upper`).
+    """
+    if dialect not in _DIALECTS:
+        raise ValueError(f"dialect must be one of {sorted(_DIALECTS)}, not {dialect!r}")
+    if dialect == "trino" and not table:
+        raise ValueError("the trino dialect needs table: the target's name in the Trino catalog")
+    if latest_version(target) is None:
+        raise ValueError(f"{target} is not a Delta table")
+    source, repeat = _DIALECTS[dialect]
+    schema = storage.retrying(f"loading {target}", DeltaTable, storage.delta_uri(target),
+                              storage_options=storage.storage_options(target)).schema()
+    columns = ", ".join(f'"{f.name}"' if dialect != "spark" else f"`{f.name}`"
+                        for f in schema.fields if f.name not in RESERVED)
+    where = f"{ERROR} IS NULL" + ("" if time is None else f" AND coalesce({TIME}, 0) <= {int(time)}")
+    return (f"SELECT {columns} FROM (SELECT {columns}, CAST(sum(coalesce({DIFF}, 1)) AS BIGINT) AS _mv_n "
+            f"FROM {source.format(path=spark_uri(target) if dialect == 'spark' else target, table=table)} WHERE {where} GROUP BY {columns} "
+            f"HAVING sum(coalesce({DIFF}, 1)) > 0) {repeat}")

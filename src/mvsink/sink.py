@@ -20,7 +20,8 @@ Each :meth:`MaterializedView.step` (one trigger, e.g. one ``foreachBatch`` call)
    at `lower`): the table's history becomes exactly the view's again, and its contents from
    `lower` on are the buffer's;
 6. append: compare-and-append them; a loser deletes its files and the next step reads back what
-   the winner wrote.
+   the winner wrote; a winner then keeps the table to the view's retention (compaction, log
+   checkpoints: :mod:`mvsink.append.retention`).
 
 Nothing here keeps the view on the driver: the buffer, the input and the read-back are Spark
 DataFrames; the driver sees versions, file lists and counts.
@@ -44,6 +45,7 @@ from pyspark.sql import functions as F
 from mvsink import storage
 from mvsink.append import (META_HISTORY, META_READBACK, REASON_CORRECTION, REASON_PROGRESS,
                            REASON_REPAIR, Shard, compare_and_append)
+from mvsink.append.retention import Retention, Upkeep
 from mvsink.cleanup import clean_orphans
 from mvsink.correction import CorrectionBuffer
 from mvsink.correction.readback import ReadBack, ReadBackError
@@ -102,6 +104,7 @@ class MaterializedView:
         validate_target(spark, view, self.schema)
         self._check_times(table_upper)
         self.minter = Minter(view.as_of, view.read_only)
+        self.upkeep = Upkeep(Retention.parse(view.retain_history))
         self.correction = CorrectionBuffer(spark, self.schema)
         self.readback = ReadBack(spark, self.shard, self.schema)
         self.desired_frontier: int | None = None
@@ -205,6 +208,7 @@ class MaterializedView:
                 raise
             if report.appended:
                 self.observed_upper = max(self.observed_upper, desc.upper)
+                self.upkeep.run(self)
         self._steps += 1
         if not self.read_only and (self._steps == 1 or self._steps % _CLEANUP_EVERY == 0):
             clean_orphans(self.shard, self.orphan_grace_seconds)

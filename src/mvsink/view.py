@@ -98,12 +98,21 @@ class ViewDefinition:
     sources: Mapping[str, str] = field(default_factory=dict)
     #: The timeline's Delta table; default: ``<target>_timeline`` (a timeline of its own).
     timeline: str | None = None
+    #: How much history the table keeps: a duration (``1h``), a number of times, or ``all``;
+    #: None: the default (:mod:`mvsink.append.retention`).
+    retain_history: str | int | None = None
 
     def __post_init__(self):
         if not self.view_id or any(c in self.view_id for c in "/\\ "):
             raise ConfigError(f"view_id {self.view_id!r} must be non-empty without '/', '\\' or spaces")
         if not isinstance(self.as_of, int) or self.as_of < 0:
             raise ConfigError(f"as_of must be a non-negative integer, not {self.as_of!r}")
+        from mvsink.append.retention import Retention  # the append package imports this module
+
+        try:
+            Retention.parse(self.retain_history)
+        except ConfigError as exc:
+            raise ConfigError(f"view {self.view_id!r}: {exc}") from None
         object.__setattr__(self, "key", tuple(self.key))
         object.__setattr__(self, "target", normalize_path(self.target))
         sources = {str(name): normalize_path(path) for name, path in dict(self.sources).items()}
@@ -179,14 +188,14 @@ def load_config(path: str | os.PathLike, *, read_only: bool | None = None,
 
 
 _SETTINGS = {"view_id", "target", "key", "as_of", "input", "read_only", "replica_id", "sources",
-             "timeline"}
+             "timeline", "retain_history"}
 
 
 def spec_from_yaml(path: str | os.PathLike) -> dict:
     """The view specification in a YAML file, relative paths made absolute (``base_dir``).
 
     A specification is plain data (it travels in ``CreateDataflow``): view_id, target, key, as_of,
-    sources (name: path), timeline (a path), input (kind, source, map_row, output_schema, query or
+    sources (name: path), timeline (a path), retain_history, input (kind, source, map_row, output_schema, query or
     sql; functions as ``module:function``), and ``base_dir``, the directory functions and relative
     paths are resolved against.
     """
@@ -275,4 +284,5 @@ def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None
         replica_id=replica_id or default_replica_id(),
         sources={name: relative(path) for name, path in sources.items()},
         timeline=relative(spec["timeline"]) if spec.get("timeline") else None,
+        retain_history=spec.get("retain_history"),
     )

@@ -22,7 +22,9 @@ import json
 import logging
 import sys
 
+from mvsink.read import plain_sql
 from mvsink.replica.controller import Controller, ControllerError, cutover
+from mvsink.view import normalize_path
 
 log = logging.getLogger("mvsink.cli")
 
@@ -55,8 +57,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     cut.add_argument("view")
     cut.add_argument("--old", required=True, metavar="HOST:PORT")
     cut.add_argument("--new", required=True, metavar="HOST:PORT")
+    sql = commands.add_parser("sql", help="SQL that shows a view's rows to DuckDB, Spark or Trino "
+                                          "without mvsink (reads the table, needs no replica)")
+    sql.add_argument("target", help="the view's target table (path or s3:// URI)")
+    sql.add_argument("--time", type=int, help="a time in [since, upper); default: the latest")
+    sql.add_argument("--dialect", choices=["duckdb", "spark", "trino"], default="duckdb")
+    sql.add_argument("--table", help="trino: the target's name in the Trino catalog")
     args = parser.parse_args(argv)
-    if args.command != "cutover" and not args.replica:
+    if args.command not in ("cutover", "sql") and not args.replica:
         parser.error(f"{args.command} needs --replica HOST:PORT")
     return args
 
@@ -84,6 +92,12 @@ def print_status(controller: Controller) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.command == "sql":
+        try:
+            print(plain_sql(normalize_path(args.target), args.time, args.dialect, args.table))
+        except ValueError as exc:
+            raise SystemExit(f"mvsink sql: {exc}") from None
+        return
     if args.command == "cutover":
         with Controller(args.old, timeout=args.timeout) as old, Controller(args.new, timeout=args.timeout) as new:
             old.connect()
