@@ -51,6 +51,7 @@ from mvsink.correction import CorrectionBuffer
 from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.inputs import desired_for
 from mvsink.key_check import key_error_corrections
+from mvsink.metrics import ViewMetrics
 from mvsink.mint import Description, Minter
 from mvsink.table import latest_version, spark_uri
 from mvsink.target import create_target, validate_target
@@ -82,6 +83,8 @@ class StepReport:
     #: The timeline's upper after the step, and the time this step minted on it (if any).
     timeline_upper: int = 0
     minted_time: int | None = None
+    #: Foreign commits the step's append repaired.
+    repairs: int = 0
 
 
 class MaterializedView:
@@ -105,6 +108,7 @@ class MaterializedView:
         self._check_times(table_upper)
         self.minter = Minter(view.as_of, view.read_only)
         self.upkeep = Upkeep(Retention.parse(view.retain_history))
+        self.metrics = ViewMetrics()
         self.correction = CorrectionBuffer(spark, self.schema)
         self.readback = ReadBack(spark, self.shard, self.schema)
         self.desired_frontier: int | None = None
@@ -152,9 +156,11 @@ class MaterializedView:
         try:
             report = self.step()
         except ConfigError:
+            self.metrics.failures += 1
             raise
         except Exception:
             self._failures += 1
+            self.metrics.failures += 1
             if self._failures >= self.max_consecutive_failures:
                 raise
             log.exception("batch %d failed (%d in a row); retrying at the next trigger", batch_id,
@@ -201,6 +207,7 @@ class MaterializedView:
         desc = self.minter.maybe_mint()
         if desc is not None:
             report.desc = desc
+            repairing = len(self.pending_repairs)
             try:
                 report.appended, report.files = self._write_and_append(desc)
             except Exception:
@@ -208,11 +215,13 @@ class MaterializedView:
                 raise
             if report.appended:
                 self.observed_upper = max(self.observed_upper, desc.upper)
+                report.repairs = repairing
                 self.upkeep.run(self)
         self._steps += 1
         if not self.read_only and (self._steps == 1 or self._steps % _CLEANUP_EVERY == 0):
             clean_orphans(self.shard, self.orphan_grace_seconds)
         report.seconds = time.monotonic() - started
+        self.metrics.record(report)
         return report
 
     def _reconcile(self):

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 
+from mvsink.metrics import MetricsServer
 from mvsink.replica.protocol import (CreateDataflow, CreateInstance, CreateTimely,
                                      InitializationComplete, Schedule)
 from mvsink.replica.state import ComputeState, LogConnection
@@ -46,6 +47,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--orphan-grace-seconds", type=float, default=3600.0,
                         help="age after which unreferenced staged files are deleted")
     parser.add_argument("--log-level", default=os.environ.get("MVSINK_LOG_LEVEL", "INFO"))
+    parser.add_argument("--metrics-port", type=int,
+                        help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)")
     args = parser.parse_args(argv)
     if not args.config and not args.listen:
         parser.error("give --config (stand-alone), --listen (controlled), or both")
@@ -63,12 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
     spec = None
-    if args.config:
-        try:
+    metrics = None
+    try:
+        if args.config:
             spec = spec_from_yaml(args.config)
-        except ConfigError as exc:
-            log.error("bad configuration: %s", exc)
-            return 2
+        if args.metrics_port is not None:
+            metrics = MetricsServer(args.metrics_port)  # bound now: a port in use stops us before Spark
+    except ConfigError as exc:
+        log.error("bad configuration: %s", exc)
+        return 2
     read_only = args.read_only if args.read_only is not None else bool((spec or {}).get("read_only"))
     replica_id = args.replica_id or (spec or {}).get("replica_id") or default_replica_id()
     # The JVM starts now, before any gRPC thread: PySpark launches it with fork + preexec_fn,
@@ -89,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         if own.errors:
             state.shutdown()
             return 2 if own.errors[0].message.startswith("bad configuration") else 1
+    if metrics is not None:
+        metrics.start(lambda: {view_id: running.view for view_id, running in list(state.views.items())})
     server = None
     if args.listen:
         from mvsink.replica.server import serve
@@ -110,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.2)
     if server is not None:
         server.stop(grace=2)
+    if metrics is not None:
+        metrics.stop()
     state.shutdown()
     log.info("replica %s stopped", replica_id)
     return exit_code

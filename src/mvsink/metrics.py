@@ -1,0 +1,144 @@
+"""Metrics: what each view at a replica has done, in the Prometheus text format, over HTTP.
+
+:class:`ViewMetrics` counts from every step's :class:`~mvsink.sink.StepReport` (steps, commits
+won and lost, repairs, failed steps) and keeps the last step's figures (upper, timeline upper,
+correction buffer size, duration). :func:`render` adds what is read at scrape time: each source's
+lag behind the view's latest time, in versions and in seconds since the oldest source commit the
+view does not have yet. :class:`MetricsServer` serves ``GET /metrics`` from a port bound when the
+job starts, before Spark: a port in use stops the job at once, with nothing written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from mvsink import table as delta_table
+from mvsink.view import ConfigError
+
+log = logging.getLogger(__name__)
+
+#: name -> (type, help) of every metric, in the order they are printed.
+METRICS = {
+    "mvsink_steps_total": ("counter", "Steps run."),
+    "mvsink_step_failures_total": ("counter", "Steps that failed (retried at the next trigger, or fatal)."),
+    "mvsink_commits_won_total": ("counter", "Appends this replica committed."),
+    "mvsink_commits_lost_total": ("counter", "Appends another replica won first (compare-and-append lost)."),
+    "mvsink_repairs_total": ("counter", "Foreign commits repaired by this replica's appends."),
+    "mvsink_hydrations_total": ("counter", "Times the view was read whole (start, or after a lost read-back)."),
+    "mvsink_compactions_total": ("counter", "Compactions to the retention's since."),
+    "mvsink_upper": ("gauge", "The view's upper in the target as last read back."),
+    "mvsink_timeline_upper": ("gauge", "The timeline's upper after the last step."),
+    "mvsink_correction_updates": ("gauge", "Updates in the correction buffer after the last step."),
+    "mvsink_step_seconds": ("gauge", "Duration of the last step."),
+    "mvsink_read_only": ("gauge", "1 while the replica is read-only."),
+    "mvsink_source_lag_versions": ("gauge", "Source commits not yet covered by the view's latest time."),
+    "mvsink_source_lag_seconds": ("gauge", "Age of the oldest source commit not yet covered (0: none)."),
+}
+
+
+@dataclass
+class ViewMetrics:
+    steps: int = 0
+    failures: int = 0
+    commits_won: int = 0
+    commits_lost: int = 0
+    repairs: int = 0
+    upper: int = 0
+    timeline_upper: int = 0
+    corrections: int = 0
+    step_seconds: float = 0.0
+
+    def record(self, report) -> None:
+        """Take in one step's report."""
+        self.steps += 1
+        self.upper, self.timeline_upper = report.upper, report.timeline_upper
+        self.corrections, self.step_seconds = report.corrections, report.seconds
+        if report.appended is True:
+            self.commits_won += 1
+            self.repairs += report.repairs
+        elif report.appended is False:
+            self.commits_lost += 1
+
+
+def render(views: dict) -> str:
+    """The Prometheus text of ``views`` (view id -> :class:`~mvsink.sink.MaterializedView`)."""
+    samples: dict[str, list[str]] = {name: [] for name in METRICS}
+    for view_id, mv in sorted(views.items()):
+        labels = f'view="{view_id}",replica="{mv.view.replica_id}"'
+        m = mv.metrics
+        values = {
+            "mvsink_steps_total": m.steps, "mvsink_step_failures_total": m.failures,
+            "mvsink_commits_won_total": m.commits_won, "mvsink_commits_lost_total": m.commits_lost,
+            "mvsink_repairs_total": m.repairs, "mvsink_hydrations_total": mv.hydrations,
+            "mvsink_compactions_total": mv.upkeep.compactions, "mvsink_upper": m.upper,
+            "mvsink_timeline_upper": m.timeline_upper, "mvsink_correction_updates": m.corrections,
+            "mvsink_step_seconds": m.step_seconds, "mvsink_read_only": int(mv.read_only),
+        }
+        for name, value in values.items():
+            samples[name].append(f"{name}{{{labels}}} {value}")
+        last = mv.timeline.last()
+        for source, path in sorted(mv.view.sources.items()):
+            covered = last.versions.get(source, -1) if last is not None else -1
+            latest = delta_table.latest_version(path)
+            lag = max(0, (latest if latest is not None else covered) - covered)
+            seconds = 0.0
+            if lag:
+                committed = delta_table.commit_info(path, covered + 1).get("timestamp")
+                seconds = max(0.0, time.time() - committed / 1000) if committed else 0.0
+            source_labels = f'{labels},source="{source}"'
+            samples["mvsink_source_lag_versions"].append(f"mvsink_source_lag_versions{{{source_labels}}} {lag}")
+            samples["mvsink_source_lag_seconds"].append(
+                f"mvsink_source_lag_seconds{{{source_labels}}} {seconds:.3f}")
+    lines = []
+    for name, (kind, text) in METRICS.items():
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *samples[name]]
+    return "\n".join(lines) + "\n"
+
+
+class MetricsServer:
+    """``GET /metrics`` on ``port`` (all interfaces), rendering ``views()`` at each scrape."""
+
+    def __init__(self, port: int):
+        self.views: Callable[[], dict] = dict
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404, "only /metrics is served")
+                    return
+                try:
+                    body = render(server.views()).encode()
+                except Exception as exc:  # a scrape never takes the job down
+                    log.exception("rendering metrics failed")
+                    self.send_error(500, str(exc)[:200])
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        try:
+            self.httpd = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        except OSError as exc:
+            raise ConfigError(f"metrics port {port} cannot be used: {exc.strerror or exc}") from None
+        self.port = self.httpd.server_address[1]
+
+    def start(self, views: Callable[[], dict]) -> None:
+        """Serve, in a daemon thread, the views ``views()`` returns."""
+        self.views = views
+        threading.Thread(target=self.httpd.serve_forever, name="mvsink-metrics", daemon=True).start()
+        log.info("metrics on http://0.0.0.0:%d/metrics", self.port)
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
