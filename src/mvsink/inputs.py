@@ -116,7 +116,8 @@ class Desired:
     def snapshot(self, time: int) -> DataFrame:
         raise NotImplementedError
 
-    def changes(self, lo: int, hi: int) -> DataFrame:
+    def changes(self, lo: int, hi: int) -> DataFrame | None:
+        """The updates at times `[lo, hi]`, materialized (a failed read shows here, not later)."""
         raise NotImplementedError
 
 
@@ -319,7 +320,7 @@ class SnapshotDesired(Desired):
         updates = parts[0]
         for part in parts[1:]:
             updates = updates.unionByName(part)
-        return self._finish(updates)
+        return self._finish(updates).localCheckpoint(eager=True)
 
 
 def _first_line(exc: Exception) -> str:

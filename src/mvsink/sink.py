@@ -281,13 +281,13 @@ class MaterializedView:
             if upper > hydrate_at:
                 log.info("hydrating at time %d = %s (table version %d, upper %d)", hydrate_at,
                          self.timeline.versions(hydrate_at), persisted.version, persisted.upper)
-                desired = self.desired.snapshot(hydrate_at)
+                desired = self.desired.snapshot(hydrate_at).localCheckpoint(eager=True)
                 self.desired_frontier = hydrate_at + 1
                 self.hydrations += 1
         elif upper > self.desired_frontier:
-            desired = self.desired.changes(self.desired_frontier, upper - 1)
+            desired = self.desired.changes(self.desired_frontier, upper - 1)  # materialized
             self.desired_frontier = upper
-        return desired.localCheckpoint(eager=True) if desired is not None else None
+        return desired
 
     def _fold(self, changes: list[DataFrame], persisted, desired: DataFrame | None) -> None:
         since = max(self.view.as_of, persisted.upper)
