@@ -105,6 +105,7 @@ def main() -> int:
          .execute())
 
     mvsink_times, merge_times, updates, changed = [], [], [], []
+    phases_before = dict(view.metrics.phase_seconds)
     for i in range(1, args.versions + 1):
         spark.sql(f"UPDATE delta.`{source}` SET amount = amount + {i} "
                   f"WHERE pmod(hash(id, {i}), {modulus}) = 0")
@@ -122,7 +123,7 @@ def main() -> int:
         updates.append(written)
         changed.append(written // 2)
         print(f"version {version:3d}: {changed[-1]:,} rows changed, mvsink {mvsink_times[-1]:.2f}s "
-              f"({written:,} updates), MERGE {merge_times[-1]:.2f}s", flush=True)
+              f"({written:,} updates; {report}), MERGE {merge_times[-1]:.2f}s", flush=True)
 
     from mvsink.read import read_view
 
@@ -147,6 +148,9 @@ def main() -> int:
     print(line("MERGE", merge_times, changed))
     print(f"ratio (MERGE / mvsink): p50 {percentile(merge_times, 0.5) / percentile(mvsink_times, 0.5):.2f}x, "
           f"p95 {percentile(merge_times, 0.95) / percentile(mvsink_times, 0.95):.2f}x")
+    spent = {p: s - phases_before.get(p, 0.0) for p, s in view.metrics.phase_seconds.items()}
+    print("mvsink per version, by phase (mean over all steps): " + ", ".join(
+        f"{p} {s / args.versions:.2f}s" for p, s in spent.items()))
     print(f"final contents identical: {same}")
     spark.stop()
     return 0 if same else 1

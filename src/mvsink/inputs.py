@@ -16,8 +16,9 @@ updates at the same times:
 * :class:`SnapshotDesired`: ``snapshot(t)`` is the query over the sources at time `t`'s versions;
   ``changes(lo, hi)`` evaluates it once per time whose versions differ from the time before
   (a time that repeats them, a repair time, has no changes) and emits where consecutive results
-  differ (a multiset anti-join both ways, partitioned by the view's key). It keeps the last result
-  partitioned in Spark, never on the driver. SQL runs in a session of the view's own, where the
+  differ: the new result at +1 and the last at -1, consolidated (each distinct row's count
+  difference, exactly a multiset difference both ways, in one shuffle). It keeps the last result
+  in Spark (a local checkpoint, which spills to disk), never on the driver. SQL runs in a session of the view's own, where the
   sources are registered under their names, so views never see each other's sources.
 
 Both add row-level errors (:mod:`mvsink.row_errors`). Source versions come from listing their
@@ -36,7 +37,7 @@ from pyspark.sql import types as T
 from mvsink.row_errors import map_rows, null_key_errors
 from mvsink.table import latest_version, spark_uri
 from mvsink.timeline import Timeline
-from mvsink.updates import DIFF, ERROR, TIME, table_schema
+from mvsink.updates import DIFF, ERROR, TIME, consolidate, table_schema
 from mvsink.view import ChangesInput, ConfigError, SnapshotInput, ViewDefinition
 
 log = logging.getLogger(__name__)
@@ -285,8 +286,6 @@ class SnapshotDesired(Desired):
         return self._contents(self.schema_versions()).schema
 
     def _remember(self, time: int, contents: DataFrame) -> None:
-        if self.view.key:
-            contents = contents.repartition(*self.view.key)
         self._previous = contents.localCheckpoint(eager=True)
         self._previous_time = time
 
@@ -312,9 +311,8 @@ class SnapshotDesired(Desired):
                 continue
             previous = self._previous
             self._remember(time, self._contents(versions).select(*self.user_schema.names))
-            current = self._previous
-            parts.append(self._as_updates(current.exceptAll(previous), time, 1))
-            parts.append(self._as_updates(previous.exceptAll(current), time, -1))
+            both = self._as_updates(self._previous, time, 1).unionByName(self._as_updates(previous, time, -1))
+            parts.append(consolidate(both))
         if not parts:
             return None
         updates = parts[0]

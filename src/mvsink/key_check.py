@@ -21,21 +21,20 @@ from mvsink.updates import DIFF, ERROR, TIME, advance_times, negate
 _POINT = "_mv_point"
 
 
-def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched: DataFrame,
+def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched: DataFrame | None,
                           key: tuple[str, ...], since: int) -> DataFrame:
     """Updates to add to ``corrections`` so its key-violation errors for ``touched`` keys are right.
 
     ``persisted``: all updates in the table; ``corrections``: the buffer (times >= ``since``);
-    ``touched``: distinct key tuples whose rows changed.
+    ``touched``: distinct key tuples whose rows changed (None: every key, as when hydrating).
     """
     columns = corrections.columns
-    user = [c for c in columns if c not in (ERROR, TIME, DIFF)]
     keys = list(key)
-    # Shuffle joins throughout: a broadcast would route the touched keys (all keys, when
-    # hydrating) through the driver.
-    desired = advance_times(persisted.unionByName(corrections), since).join(
-        touched.hint("shuffle_hash"), on=keys, how="left_semi"
-    )
+    desired = advance_times(persisted.unionByName(corrections), since)
+    if touched is not None:
+        # A sort-merge join, which spills: a broadcast would route the touched keys through the
+        # driver, a hash join would hold one side's partition in memory whole.
+        desired = desired.join(touched.hint("merge"), on=keys, how="left_semi")
     ok = desired.where(F.col(ERROR).isNull())
     key_errors = desired.where(F.col(ERROR).isNotNull() & _all_not_null(keys))
 

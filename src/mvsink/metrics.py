@@ -2,7 +2,8 @@
 
 :class:`ViewMetrics` counts from every step's :class:`~mvsink.sink.StepReport` (steps, commits
 won and lost, repairs, failed steps) and keeps the last step's figures (upper, timeline upper,
-correction buffer size, duration). :func:`render` adds what is read at scrape time: each source's
+correction buffer size, duration) and the seconds and Spark jobs spent in each phase of a step.
+:func:`render` adds what is read at scrape time: each source's
 lag behind the view's latest time, in versions and in seconds since the oldest source commit the
 view does not have yet. :class:`MetricsServer` serves ``GET /metrics`` from a port bound when the
 job starts, before Spark: a port in use stops the job at once, with nothing written.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
@@ -36,6 +37,8 @@ METRICS = {
     "mvsink_correction_updates": ("gauge", "Updates in the correction buffer after the last step."),
     "mvsink_step_seconds": ("gauge", "Duration of the last step."),
     "mvsink_read_only": ("gauge", "1 while the replica is read-only."),
+    "mvsink_phase_seconds_total": ("counter", "Seconds spent in each phase of the steps (see mvsink.step_profile)."),
+    "mvsink_phase_spark_jobs_total": ("counter", "Spark jobs run in each phase of the steps."),
     "mvsink_source_lag_versions": ("gauge", "Source commits not yet covered by the view's latest time."),
     "mvsink_source_lag_seconds": ("gauge", "Age of the oldest source commit not yet covered (0: none)."),
 }
@@ -52,12 +55,17 @@ class ViewMetrics:
     timeline_upper: int = 0
     corrections: int = 0
     step_seconds: float = 0.0
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    phase_spark_jobs: dict[str, int] = field(default_factory=dict)
 
     def record(self, report) -> None:
         """Take in one step's report."""
         self.steps += 1
         self.upper, self.timeline_upper = report.upper, report.timeline_upper
         self.corrections, self.step_seconds = report.corrections, report.seconds
+        for phase, seconds in report.phase_seconds.items():
+            self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
+            self.phase_spark_jobs[phase] = self.phase_spark_jobs.get(phase, 0) + report.spark_jobs.get(phase, 0)
         if report.appended is True:
             self.commits_won += 1
             self.repairs += report.repairs
@@ -81,6 +89,11 @@ def render(views: dict) -> str:
         }
         for name, value in values.items():
             samples[name].append(f"{name}{{{labels}}} {value}")
+        for phase, seconds in m.phase_seconds.items():
+            phase_labels = f'{labels},phase="{phase}"'
+            samples["mvsink_phase_seconds_total"].append(f"mvsink_phase_seconds_total{{{phase_labels}}} {seconds:.3f}")
+            samples["mvsink_phase_spark_jobs_total"].append(
+                f"mvsink_phase_spark_jobs_total{{{phase_labels}}} {m.phase_spark_jobs[phase]}")
         last = mv.timeline.last()
         for source, path in sorted(mv.view.sources.items()):
             covered = last.versions.get(source, -1) if last is not None else -1

@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 from typing import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -52,6 +52,7 @@ from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.inputs import desired_for
 from mvsink.key_check import key_error_corrections
 from mvsink.metrics import ViewMetrics
+from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
 from mvsink.table import latest_version, spark_uri
 from mvsink.target import create_target, validate_target
@@ -85,6 +86,19 @@ class StepReport:
     minted_time: int | None = None
     #: Foreign commits the step's append repaired.
     repairs: int = 0
+    #: Seconds and Spark jobs per phase (:mod:`mvsink.step_profile`).
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    spark_jobs: dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        appended = {None: "no append", True: "won", False: "lost"}[self.appended]
+        desc = f"[{self.desc.lower}, {self.desc.upper})" if self.desc else "none"
+        phases = ", ".join(f"{name} {sec:.2f}s/{self.spark_jobs.get(name, 0)}j"
+                           for name, sec in self.phase_seconds.items())
+        return (f"table v{self.table_version} upper {self.upper}, timeline {self.timeline_upper}"
+                f"{f' (minted {self.minted_time})' if self.minted_time is not None else ''}, "
+                f"{self.corrections} corrections, batch {desc} {appended} ({self.files} files"
+                f"{f', {self.repairs} repairs' if self.repairs else ''}) in {self.seconds:.2f}s: {phases}")
 
 
 class MaterializedView:
@@ -111,6 +125,8 @@ class MaterializedView:
         self.metrics = ViewMetrics()
         self.correction = CorrectionBuffer(spark, self.schema)
         self.readback = ReadBack(spark, self.shard, self.schema)
+        #: The running (or last) step's profile.
+        self._profile = StepProfile(spark)
         self.desired_frontier: int | None = None
         #: Foreign commits not yet accounted for by an mvsink commit: version -> its undo.
         self.pending_repairs: dict[int, DataFrame] = {}
@@ -186,6 +202,7 @@ class MaterializedView:
 
     def step(self) -> StepReport:
         started = time.monotonic()
+        self._profile = profile = StepProfile(self.spark)
         minted = None
         try:
             persisted, minted = self._reconcile()
@@ -198,9 +215,10 @@ class MaterializedView:
             log.warning("read-back cannot follow the table (%s); rehydrating", exc)
             persisted, minted = self._reconcile()
         self.observed_upper = max(self.observed_upper, persisted.upper)
-        report = StepReport(persisted.version, persisted.upper, self.desired_frontier,
-                            self.correction.count(), timeline_upper=self.timeline.upper,
-                            minted_time=minted)
+        with profile.phase("correction"):
+            corrections = self.correction.count()
+        report = StepReport(persisted.version, persisted.upper, self.desired_frontier, corrections,
+                            timeline_upper=self.timeline.upper, minted_time=minted)
         self.minter.advance_persist(max(self.view.as_of, persisted.upper))
         if self.desired_frontier is not None:
             self.minter.advance_desired(self.desired_frontier)
@@ -216,11 +234,16 @@ class MaterializedView:
             if report.appended:
                 self.observed_upper = max(self.observed_upper, desc.upper)
                 report.repairs = repairing
-                self.upkeep.run(self)
+                with profile.phase("upkeep"):
+                    self.upkeep.run(self)
         self._steps += 1
         if not self.read_only and (self._steps == 1 or self._steps % _CLEANUP_EVERY == 0):
-            clean_orphans(self.shard, self.orphan_grace_seconds)
+            with profile.phase("upkeep"):
+                clean_orphans(self.shard, self.orphan_grace_seconds)
         report.seconds = time.monotonic() - started
+        profile.count_jobs()
+        report.phase_seconds = {name: profile.seconds[name] for name in PHASES if name in profile.seconds}
+        report.spark_jobs = profile.spark_jobs
         self.metrics.record(report)
         return report
 
@@ -228,31 +251,40 @@ class MaterializedView:
         """Steps 1-3: read back, mint a time if due, read the input, fold into the buffer.
 
         Returns what was read back and the time this replica minted (None if none)."""
-        persisted = self.readback.poll()
+        profile = self._profile
+        with profile.phase("readback"):
+            persisted = self.readback.poll()
         self._readback_version = persisted.version
         self.pending_repairs.update(persisted.foreign)
         for version in [v for v in self.pending_repairs if v <= persisted.accounted_through]:
             del self.pending_repairs[version]
         if persisted.foreign:
             log.warning("foreign commits at versions %s: they will be repaired", sorted(persisted.foreign))
-        self._check_times(persisted.upper)
-        latest = self.desired.latest_versions()
-        self.timeline.check_not_behind(latest)
         minted = None
-        last = self.timeline.last()
-        computed_all = self.desired_frontier in (None, self.timeline.upper)
-        if not self.read_only and computed_all and (last is None or last.versions != latest):
-            minted = self._mint_time(latest, REASON_SOURCES)
+        with profile.phase("mint"):
+            self._check_times(persisted.upper)
+            latest = self.desired.latest_versions()
+            self.timeline.check_not_behind(latest)
+            last = self.timeline.last()
+            computed_all = self.desired_frontier in (None, self.timeline.upper)
+            if not self.read_only and computed_all and (last is None or last.versions != latest):
+                minted = self._mint_time(latest, REASON_SOURCES)
         changes = []
         if persisted.updates is not None:
             changes.append(negate(persisted.updates))
-        desired = self._read_desired(persisted)
+        hydrating = self.desired_frontier is None
+        with profile.phase("input"):
+            desired = self._read_desired(persisted)
         if desired is not None:
             changes.append(desired)
-        self._fold(changes, persisted, desired)
-        if not self.read_only and self._drifted(persisted):
-            minted = self._mint_time(self.timeline.last().versions, REASON_REPAIR_TIME)
-            desired = self._read_desired(persisted)
+        self._fold(changes, persisted, desired, hydrated=hydrating and desired is not None)
+        with profile.phase("correction"):
+            drifted = not self.read_only and self._drifted(persisted)
+        if drifted:
+            with profile.phase("mint"):
+                minted = self._mint_time(self.timeline.last().versions, REASON_REPAIR_TIME)
+            with profile.phase("input"):
+                desired = self._read_desired(persisted)
             if desired is not None:
                 self._fold([desired], persisted, desired)
         return persisted, minted
@@ -281,7 +313,8 @@ class MaterializedView:
             if upper > hydrate_at:
                 log.info("hydrating at time %d = %s (table version %d, upper %d)", hydrate_at,
                          self.timeline.versions(hydrate_at), persisted.version, persisted.upper)
-                desired = self.desired.snapshot(hydrate_at).localCheckpoint(eager=True)
+                # Read once, by the fold (lazy here: its time shows in the correction phase).
+                desired = self.desired.snapshot(hydrate_at)
                 self.desired_frontier = hydrate_at + 1
                 self.hydrations += 1
         elif upper > self.desired_frontier:
@@ -289,32 +322,41 @@ class MaterializedView:
             self.desired_frontier = upper
         return desired
 
-    def _fold(self, changes: list[DataFrame], persisted, desired: DataFrame | None) -> None:
+    def _fold(self, changes: list[DataFrame], persisted, desired: DataFrame | None,
+              hydrated: bool = False) -> None:
+        """Fold ``changes`` into the buffer and recheck the keys ``desired`` touched (every key
+        when ``hydrated``: the buffer was empty and ``desired`` is the view's whole contents)."""
         since = max(self.view.as_of, persisted.upper)
         try:
-            self.correction.apply(changes, since)
+            with self._profile.phase("correction"):
+                self.correction.apply(changes, since)
         except Exception as exc:
             missing_file = "FileNotFound" in str(exc) or "does not exist" in str(exc)
             if persisted.updates is not None and missing_file:
                 raise ReadBackError(f"a committed file is gone: {exc}") from exc
             raise
         if desired is not None and self.view.key:
-            self._check_keys(persisted.version, desired, since)
+            with self._profile.phase("key_check"):
+                self._check_keys(persisted.version, None if hydrated else desired, since)
 
-    def _check_keys(self, table_version: int, desired: DataFrame, since: int) -> None:
-        """Recompute key violations where a key's row count may have changed.
+    def _check_keys(self, table_version: int, desired: DataFrame | None, since: int) -> None:
+        """Recompute key violations where a key's row count may have changed (everywhere if
+        ``desired`` is None).
 
         A key's count at a time changes only if its desired updates at that time do not sum to
         zero; an update that replaces a row (-old, +new) cannot create or end a violation.
         """
         key = list(self.view.key)
-        touched = (
-            desired.where(F.col(ERROR).isNull()).dropna(subset=key)
-            .groupBy(*key, TIME).agg(F.sum(DIFF).alias("_mv_net")).where(F.col("_mv_net") != 0)
-            .select(*key).distinct().localCheckpoint(eager=True)
-        )
-        if touched.isEmpty():
-            return
+        touched = None
+        if desired is not None:
+            touched = (
+                desired.where(F.col(ERROR).isNull()).dropna(subset=key)
+                .groupBy(*key, TIME).agg(F.sum(DIFF).alias("_mv_net")).where(F.col("_mv_net") != 0)
+                .select(*key).distinct()
+            )
+            if touched.isEmpty():  # the common case (updates in place): one job
+                return
+            touched = touched.localCheckpoint(eager=True)
         if table_version >= 0:
             table = self.spark.read.format("delta").option("versionAsOf", table_version).load(
                 spark_uri(self.view.target))
@@ -333,25 +375,31 @@ class MaterializedView:
 
     def _write_and_append(self, desc: Description) -> tuple[bool, int]:
         """Steps 5-6. Returns whether the append won and how many files it carried."""
-        if latest_version(self.view.target) is None:
-            create_target(self.view, self.schema)
-        updates = batch_updates(self.correction.updates, desc, self.correction.since)
-        extra = {META_READBACK: self._readback_version}
-        if self.pending_repairs:
-            history = self._history_repair(desc)
-            extra[META_HISTORY] = history.count()
-            # The undos at their own times, and their sum taken back at lower, where the buffer
-            # already has it: the contents from lower on are the buffer's, history is restored.
-            updates = consolidate(updates.unionByName(history).unionByName(
-                negate(advance_times(history, desc.lower))))
-        batch = stage(updates, desc, self.view.target, self.view.view_id, self.view.replica_id)
+        profile = self._profile
+        with profile.phase("staging"):
+            if latest_version(self.view.target) is None:
+                create_target(self.view, self.schema)
+            updates = batch_updates(self.correction.updates, desc, self.correction.since)
+            extra = {META_READBACK: self._readback_version}
+            if self.pending_repairs:
+                history = self._history_repair(desc)
+                extra[META_HISTORY] = history.count()
+                # The undos at their own times, and their sum taken back at lower, where the buffer
+                # already has it: the contents from lower on are the buffer's, history is restored.
+                updates = consolidate(updates.unionByName(history).unionByName(
+                    negate(advance_times(history, desc.lower))))
+            batch = stage(updates, desc, self.view.target, self.view.view_id, self.view.replica_id)
         if self.pending_repairs:
             reason = REASON_REPAIR
         else:
             reason = REASON_CORRECTION if batch.files else REASON_PROGRESS
-        result = compare_and_append(self.shard, desc, batch if batch.files else None, reason,
-                                    sorted(self.pending_repairs), extra=extra)
+        with profile.phase("commit"):
+            result = compare_and_append(self.shard, desc, batch if batch.files else None, reason,
+                                        sorted(self.pending_repairs), extra=extra)
         if result.appended:
+            # Own files need no read-back when nothing landed in between (the buffer knows them).
+            if not self.pending_repairs and self.readback.adopt(result.commit_ids, [f.path for f in batch.files]):
+                self.correction.drop_written(desc.upper)
             self.pending_repairs.clear()
         return result.appended, len(batch.files)
 

@@ -88,6 +88,9 @@ class AppendResult:
     appended: bool
     #: The view's upper after the attempt: `desc.upper` if appended, else what won.
     upper: int
+    #: The ids (``mvsink.commit``) this append's commit attempts carried: if appended, one of
+    #: them is in the log (:meth:`mvsink.correction.readback.ReadBack.adopt` finds it).
+    commit_ids: frozenset[str] = frozenset()
 
 
 class Shard:
@@ -217,7 +220,7 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
                 if version is not None:
                     log.warning("appended %s at version %d: the commit landed though its reply was "
                                 "lost", desc, version)
-                    return AppendResult(True, desc.upper)
+                    return AppendResult(True, desc.upper, frozenset(attempt_ids))
             if current < desc.lower:
                 log.info("upper %d is behind %s: advancing it first", current, desc)
                 shard.commit(table, current, desc.lower, REASON_ADVANCE_UPPER)
@@ -232,7 +235,7 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
             failpoints.hit(shard.failpoint_prefix + "after-commit")
             log.info("appended %s: %d files, %d updates (%s)", desc, len(files),
                      batch.num_records if batch else 0, reason)
-            return AppendResult(True, desc.upper)
+            return AppendResult(True, desc.upper, frozenset(attempt_ids))
         except CommitFailedError as exc:
             # A commit landed after our snapshot: another replica moved the upper, our own attempt
             # landed and its reply was lost (the next loop finds either), or a foreign writer

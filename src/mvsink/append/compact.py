@@ -71,6 +71,10 @@ class CompactionResult:
     version: int | None
     files_removed: int
     files_added: int
+    #: The commit's id (``mvsink.commit``) and the paths it added and removed, if it committed.
+    commit_id: str | None = None
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
 
 
 def compact(spark: SparkSession, shard: Shard, schema: T.StructType, since: int) -> CompactionResult:
@@ -107,7 +111,8 @@ def compact(spark: SparkSession, shard: Shard, schema: T.StructType, since: int)
             version = shard.landed(shard.table(), table.version(), {commit_id})
         log.info("compacted view %s to since %d (times below %d advanced) at version %s: -%d +%d files",
                  shard.view_id, since, frontier, version, len(removes), len(added))
-        return CompactionResult(since, version, len(removes), len(added))
+        return CompactionResult(since, version, len(removes), len(added), commit_id,
+                                tuple(f.path for f in added), tuple(path for path, _ in removes))
     raise CompactionError(f"compaction of view {shard.view_id!r} in {shard.target} to {since} "
                           f"conflicted {_MAX_ATTEMPTS} times")
 

@@ -118,6 +118,7 @@ class Upkeep:
         result = compact(view.spark, view.shard, view.schema, since)
         self.files_after_compaction = len(view.shard.table().file_uris())
         if result.version is not None:
+            view.readback.adopt(frozenset({result.commit_id}), result.added, result.removed)
             self.compactions += 1
             log.info("view %s compacted to since %d (retain_history): -%d +%d files, %d files now",
                      view.view.view_id, result.since, result.files_removed, result.files_added,

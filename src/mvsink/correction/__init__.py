@@ -21,9 +21,10 @@ import logging
 from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.updates import advance_times, consolidate
+from mvsink.updates import TIME, advance_times, consolidate
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,12 @@ class CorrectionBuffer:
         self._steps += 1
         if self._steps % _GC_EVERY == 0:
             self.spark.sparkContext._jvm.System.gc()
+
+    def drop_written(self, upper: int) -> None:
+        """The buffer after the table took its updates below ``upper`` as they are (a won append
+        that the read-back adopted): what is left is at ``upper`` or later, untouched."""
+        self.since = max(self.since, upper)
+        self.updates = self.updates.where(F.col(TIME) >= F.lit(upper))
 
     def reset(self) -> None:
         """Empty the buffer, for a rehydration from scratch."""

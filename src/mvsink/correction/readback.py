@@ -9,6 +9,12 @@ change). Only file lists reach the driver; the rows are read by Spark.
 
 The first poll sees the whole table as added, which is how a replica hydrates its persisted side.
 
+A replica whose append just won need not read its own files back: it knows their rows (the
+buffer's updates below the batch's upper). Nor its own compaction's (the same contents at every
+time from the upper on). :meth:`ReadBack.adopt` takes such a commit as read when it is the next
+version after the last poll (so nothing else landed in between), and the caller drops an
+append's updates from its buffer; any other case is left to the next poll.
+
 A foreign commit is one that does not carry this view's commit info. For each, the read-back
 also returns its *undo*: the rows of the files it removed minus the rows of the files it added,
 at their own times. Added to the table, an undo makes every time exactly what it was before the
@@ -28,7 +34,7 @@ from pyspark.sql import types as T
 
 from mvsink import storage
 from mvsink.table import file_uri, latest_version, log_actions
-from mvsink.append import META_READBACK, META_VIEW, Shard
+from mvsink.append import META_COMMIT, META_READBACK, META_VIEW, Shard
 from mvsink.append.guard import UpperWentBackwards
 from mvsink.updates import negate, normalize
 
@@ -92,6 +98,30 @@ class ReadBack:
                   self.version + 1, version, len(added), len(removed), upper)
         self.version, self.files = version, files
         return Persisted(version, upper, updates, foreign, accounted)
+
+    def adopt(self, commit_ids: frozenset[str], added: list[str], removed: tuple[str, ...] = ()) -> bool:
+        """Take the view's own winning commit (carrying one of ``commit_ids``, adding and
+        removing those files) as read back, if it is the next version after the last poll, or
+        version 1 after a poll that found no table and a version 0 that added no files. False:
+        left to the next poll."""
+        base = self.version
+        if base < 0:
+            created = storage.retrying(f"reading version 0 of {self.shard.target}", log_actions,
+                                       self.shard.target, 0)
+            if any("add" in a for a in created):
+                return False
+            base = 0
+        try:
+            actions = storage.retrying(f"reading version {base + 1} of {self.shard.target}", log_actions,
+                                       self.shard.target, base + 1)
+        except FileNotFoundError:
+            return False
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        if info.get(META_COMMIT) not in commit_ids:
+            return False
+        self.shard.history.record(base + 1, actions)
+        self.version, self.files = base + 1, (self.files - set(removed)) | set(added)
+        return True
 
     def _classify(self, version: int) -> tuple[dict[int, DataFrame], int]:
         """The foreign commits after the last poll with their undos, and the latest version that

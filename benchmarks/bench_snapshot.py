@@ -1,0 +1,144 @@
+"""A snapshot view (a query over a source) against recomputing it: overwrite, and MERGE with
+NOT MATCHED BY SOURCE DELETE, on the same workload in the same run.
+
+Workload: one source of ``--rows`` rows; each round updates ``--change-fraction`` of them (1%).
+Two views, chosen with ``--query``:
+
+* ``identity``: ``SELECT id, customer, amount, note FROM source`` keyed by ``id`` (the view is the
+  table: every changed row is a changed view row);
+* ``aggregate``: ``SELECT customer, count(*), sum(amount) FROM source GROUP BY customer`` keyed by
+  ``customer`` (``--rows`` rows into ``--groups`` groups: most groups change each round).
+
+Per round each contender brings its table up to date: mvsink
+(:meth:`MaterializedView.run_until_caught_up`: one new time, the query evaluated once at the
+pinned version, the difference committed, then a step that finds nothing to do), *overwrite*
+(the query written with ``mode("overwrite")``) and *MERGE* (the query merged on the key: update
+when changed, insert when not matched, ``WHEN NOT MATCHED BY SOURCE DELETE``); and, as the floor,
+*query* (the query evaluated and counted, writing nothing). mvsink's time is split by phase.
+At the end the three tables and the query are compared through an order-independent hash.
+
+Run: ``python benchmarks/bench_snapshot.py [--query identity|aggregate] [--rows 1000000] [--rounds 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+from bench_sink import machine, percentile
+
+QUERIES = {
+    "identity": ("SELECT id, customer, amount, note FROM source", ("id",)),
+    "aggregate": ("SELECT customer, count(*) AS orders, sum(amount) AS amount FROM source GROUP BY customer",
+                  ("customer",)),
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--query", choices=sorted(QUERIES), default="identity")
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--groups", type=int, default=5_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--change-fraction", type=float, default=0.01)
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    workdir = args.workdir or tempfile.mkdtemp(prefix="mvsink-bench-snapshot-")
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    paths = {n: os.path.join(workdir, n) for n in ("source", "view", "overwrite", "merge")}
+    sql, key = QUERIES[args.query]
+
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from mvsink import MaterializedView, SnapshotInput, ViewDefinition
+    from mvsink.read import read_view
+    from mvsink.spark import spark_session
+
+    spark = spark_session("mvsink-bench-snapshot")
+    modulus = int(round(1 / args.change_fraction))
+    print(f"building a {args.rows:,}-row source in {workdir} ...", flush=True)
+    (spark.range(args.rows)
+     .select("id", F.concat(F.lit("customer-"), (F.col("id") % args.groups).cast("string")).alias("customer"),
+             (F.col("id") % 997).alias("amount"), F.sha1(F.col("id").cast("string")).alias("note"))
+     .write.format("delta").option("delta.enableDeletionVectors", "false").save(paths["source"]))
+
+    definition = ViewDefinition("bench", paths["view"], SnapshotInput(sql=sql), key=key,
+                                sources={"source": paths["source"]}, replica_id="bench")
+    view = MaterializedView(spark, definition)
+
+    def query():
+        spark.read.format("delta").load(paths["source"]).createOrReplaceTempView("source")
+        return spark.sql(sql)
+
+    columns = query().columns
+
+    def overwrite():
+        query().write.format("delta").mode("overwrite").save(paths["overwrite"])
+
+    def merge():
+        (DeltaTable.forPath(spark, paths["merge"]).alias("t").merge(
+            query().alias("s"), " AND ".join(f"t.{k} = s.{k}" for k in key))
+         .whenMatchedUpdate(condition=" OR ".join(f"NOT (t.{c} <=> s.{c})" for c in columns if c not in key),
+                            set={c: f"s.{c}" for c in columns})
+         .whenNotMatchedInsertAll()
+         .whenNotMatchedBySourceDelete()
+         .execute())
+
+    def timed(fn) -> float:
+        started = time.monotonic()
+        fn()
+        return time.monotonic() - started
+
+    hydration = {"mvsink": timed(view.run_until_caught_up), "overwrite": timed(overwrite),
+                 "MERGE": timed(lambda: query().write.format("delta").save(paths["merge"]))}
+    print("initial load: " + ", ".join(f"{k} {v:.1f}s" for k, v in hydration.items()), flush=True)
+
+    rounds = {"mvsink": [], "overwrite": [], "MERGE": [], "query": []}
+    phases_before = dict(view.metrics.phase_seconds)
+    for r in range(1, args.rounds + 1):
+        spark.sql(f"UPDATE delta.`{paths['source']}` SET amount = amount + {r} "
+                  f"WHERE pmod(hash(id, {r}), {modulus}) = 0")
+        rounds["mvsink"].append(timed(view.run_until_caught_up))
+        rounds["overwrite"].append(timed(overwrite))
+        rounds["MERGE"].append(timed(merge))
+        rounds["query"].append(timed(lambda: query().count()))
+        print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rounds.items()), flush=True)
+    spent = {p: s - phases_before.get(p, 0.0) for p, s in view.metrics.phase_seconds.items()}
+
+    def fingerprint(df):
+        return df.select(F.sum(F.pmod(F.xxhash64(*columns), F.lit(2**31 - 1))).alias("h"),
+                         F.count("*").alias("n")).first()
+
+    prints = {"mvsink": fingerprint(read_view(spark, paths["view"], definition.view_id)),
+              "overwrite": fingerprint(spark.read.format("delta").load(paths["overwrite"])),
+              "MERGE": fingerprint(spark.read.format("delta").load(paths["merge"])),
+              "query": fingerprint(query())}
+    same = len(set(prints.values())) == 1
+    view_rows = prints["query"]["n"]
+
+    print(f"\n=== a snapshot view ({args.query}) vs recompute + overwrite vs MERGE ... NOT MATCHED BY SOURCE DELETE ===")
+    print(f"machine: {machine()}")
+    print(f"workload: {sql!r} over {args.rows:,} rows ({view_rows:,} view rows); per round one source "
+          f"commit updating {args.change_fraction:.0%} of them; {args.rounds} rounds")
+    print("initial load:  " + "  ".join(f"{k} {v:6.1f}s" for k, v in hydration.items()))
+    for name, times in rounds.items():
+        print(f"per round {name:9} p50 {percentile(times, 0.5):6.2f}s  p95 {percentile(times, 0.95):6.2f}s  "
+              f"mean {statistics.mean(times):6.2f}s")
+    mv = percentile(rounds["mvsink"], 0.5)
+    print(f"ratio to mvsink (p50): overwrite {percentile(rounds['overwrite'], 0.5) / mv:.2f}x, "
+          f"MERGE {percentile(rounds['MERGE'], 0.5) / mv:.2f}x, query alone {percentile(rounds['query'], 0.5) / mv:.2f}x")
+    print("mvsink per round, by phase (mean): " + ", ".join(f"{p} {s / args.rounds:.2f}s" for p, s in spent.items()))
+    print(f"final contents identical (mvsink, overwrite, MERGE, the query): {same}")
+    spark.stop()
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
