@@ -188,19 +188,22 @@ class ChangesDesired(Desired):
         return self._snapshot_changes(spans, first - 1, reason)
 
     def _feed_changes(self, spans: list[tuple[int, int, int]], first: int, last: int) -> DataFrame:
-        times = self.spark.createDataFrame(spans, "_mv_t BIGINT, _mv_from BIGINT, _mv_to BIGINT")
         feed = (
             self.spark.read.format("delta").option("readChangeFeed", "true")
             .option("startingVersion", first).option("endingVersion", last).load(spark_uri(self.source))
         )
-        feed = feed.join(F.broadcast(times), F.col("_commit_version").between(F.col("_mv_from"), F.col("_mv_to")))
+        # Each commit's time, as an expression over the spans (few: one per time), not a join.
+        time_of_commit = F.lit(None).cast("long")
+        for time, first_version, last_version in reversed(spans):
+            time_of_commit = F.when(F.col("_commit_version").between(first_version, last_version),
+                                    F.lit(time)).otherwise(time_of_commit)
         diff = (
             F.when(F.col("_change_type").isin("insert", "update_postimage"), F.lit(1))
             .when(F.col("_change_type").isin("delete", "update_preimage"), F.lit(-1))
         )
-        source_cols = [c for c in feed.columns if c not in _CDF_COLUMNS + ("_mv_t", "_mv_from", "_mv_to")]
+        source_cols = [c for c in feed.columns if c not in _CDF_COLUMNS]
         updates = feed.select(
-            *source_cols, F.col("_mv_t").cast("long").alias(TIME), diff.cast("long").alias(DIFF)
+            *source_cols, time_of_commit.cast("long").alias(TIME), diff.cast("long").alias(DIFF)
         )
         return self._to_view(updates)
 

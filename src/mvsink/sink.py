@@ -300,7 +300,9 @@ class MaterializedView:
                      and persisted.upper >= self.desired_frontier)
         if not caught_up:
             return False
-        return bool(self.pending_repairs) or not self.correction.updates.where(
+        if self.pending_repairs:
+            return True
+        return self.correction.size != 0 and not self.correction.updates.where(
             F.col(TIME) <= F.lit(persisted.upper)).isEmpty()
 
     def _read_desired(self, persisted) -> DataFrame | None:
@@ -398,8 +400,9 @@ class MaterializedView:
                                         sorted(self.pending_repairs), extra=extra)
         if result.appended:
             # Own files need no read-back when nothing landed in between (the buffer knows them).
+            exact = self.correction.since >= desc.lower  # the batch is the buffer's updates as they are
             if not self.pending_repairs and self.readback.adopt(result.commit_ids, [f.path for f in batch.files]):
-                self.correction.drop_written(desc.upper)
+                self.correction.drop_written(desc.upper, batch.num_records if exact else None)
             self.pending_repairs.clear()
         return result.appended, len(batch.files)
 

@@ -13,6 +13,8 @@ Invariants:
 * Consolidated: no two updates with the same row and time, no zero diff.
 * Never on the driver: the contents live in Spark's block manager (a local checkpoint, which also
   cuts the lineage each step); only counts reach the driver.
+* :attr:`size` is the number of updates when known (a fold counts them in the job that
+  materializes them); folding nothing at an unchanged since runs no Spark job.
 """
 
 from __future__ import annotations
@@ -39,28 +41,37 @@ class CorrectionBuffer:
         self.schema = schema
         self.since = 0
         self.updates: DataFrame = spark.createDataFrame([], schema)
+        self.size: int | None = 0
         self._steps = 0
 
     def apply(self, changes: list[DataFrame], since: int) -> None:
         """Fold ``changes`` (updates in the buffer's schema) in and advance times to ``since``."""
+        if not changes and since <= self.since:
+            return  # consolidated, and no time below since: nothing would change
         self.since = max(self.since, since)
         frames = [self.updates] + [c.select(*self.schema.names) for c in changes]
         merged = consolidate(advance_times(reduce(DataFrame.unionByName, frames), self.since))
-        self.updates = merged.localCheckpoint(eager=True)
+        self.updates = merged.localCheckpoint(eager=False)
+        self.size = self.updates.count()  # the job that materializes the checkpoint
         self._steps += 1
         if self._steps % _GC_EVERY == 0:
             self.spark.sparkContext._jvm.System.gc()
 
-    def drop_written(self, upper: int) -> None:
+    def drop_written(self, upper: int, written: int | None) -> None:
         """The buffer after the table took its updates below ``upper`` as they are (a won append
-        that the read-back adopted): what is left is at ``upper`` or later, untouched."""
+        that the read-back adopted): what is left is at ``upper`` or later, untouched.
+        ``written``: how many updates that was, if exactly the buffer's (None: unknown)."""
         self.since = max(self.since, upper)
         self.updates = self.updates.where(F.col(TIME) >= F.lit(upper))
+        self.size = None if self.size is None or written is None else self.size - written
 
     def reset(self) -> None:
         """Empty the buffer, for a rehydration from scratch."""
         self.updates = self.spark.createDataFrame([], self.schema)
         self.since = 0
+        self.size = 0
 
     def count(self) -> int:
-        return self.updates.count()
+        if self.size is None:
+            self.size = self.updates.count()
+        return self.size
