@@ -13,11 +13,11 @@ view, or a view id the table does not know, is a :class:`~mvsink.view.ConfigErro
 from __future__ import annotations
 
 from mvsink.append import META_LOWER, META_REASON, META_REPAIRS, META_REPLICA, META_UPPER, META_VIEW
+from mvsink.check import table_at
 from mvsink.metrics import source_lag
 from mvsink.read import newest_first, since_of, view_upper
 from mvsink.table import latest_version
 from mvsink.timeline import Timeline
-from mvsink.check import table_at
 from mvsink.view import ConfigError
 
 

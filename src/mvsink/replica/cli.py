@@ -149,9 +149,9 @@ def print_table_status(status: dict, as_json: bool) -> None:
         print(f"  source {name}: latest version {source['latest_version']}, latest time covers "
               f"{source['covered_version']}, lag {source['lag_versions']} versions, {source['lag_seconds']:.1f}s")
     last = status["last_commit"]
-    when = datetime.datetime.fromtimestamp(last["timestamp_ms"] / 1000, datetime.timezone.utc) \
-        if last["timestamp_ms"] else None
-    print(f"  last commit: version {last['version']} at {when:%Y-%m-%d %H:%M:%S} UTC by {last['replica']}, "
+    when = (f"{datetime.datetime.fromtimestamp(last['timestamp_ms'] / 1000, datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+            if last["timestamp_ms"] else "an unknown time")
+    print(f"  last commit: version {last['version']} at {when} by {last['replica']}, "
           f"{last['reason']} [{last['lower']}, {last['upper']})"
           + (f", repairs versions {last['repairs']}" if last["repairs"] else ""))
 
@@ -166,7 +166,7 @@ def _hydration(view: dict) -> str:
     if view["hydrated"]:
         return (f"hydrated ({view['hydration_rows']} rows in {view['hydration_seconds']:.1f}s)"
                 if view.get("hydration_seconds") else "hydrated")
-    return "not hydrated (no time to hydrate at yet)"
+    return "not hydrated yet"
 
 
 def run(args: argparse.Namespace) -> None:
