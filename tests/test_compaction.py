@@ -26,7 +26,7 @@ from mvsink.append.compact import CompactionResult, compact, files_below
 from mvsink.check import TimelineReader
 from mvsink.cleanup import referenced_files
 from mvsink.mint import Description
-from mvsink.read import _newest_first, updates
+from mvsink.read import newest_first, updates
 from mvsink.target import create_target
 from mvsink.updates import TIME, contents_at, table_schema
 from mvsink.write import StagedBatch, StagedFile, staged_prefix
@@ -164,8 +164,8 @@ def test_compaction_advances_old_times_in_one_commit_and_keeps_the_readable_cont
     assert _contents(spark, tgt, range(5, 6)) == {5: before[5]}
     assert _min_time(tgt) == 5
     latest = DeltaTable(tgt)
-    newest_first = [h["version"] for h in _newest_first(latest, first_chunk=2)]
-    assert newest_first == list(range(latest.version(), -1, -1)), "history read in chunks"
+    versions = [h["version"] for h in newest_first(latest, first_chunk=2)]
+    assert versions == list(range(latest.version(), -1, -1)), "history read in chunks"
 
 
 def test_a_replica_reads_a_compaction_back_as_no_change(spark, tmp_path):

@@ -8,7 +8,8 @@ import pytest
 from mvsink.replica.history import CommandHistory
 from mvsink.replica.protocol import (COMMANDS, RESPONSES, AllowCompaction, AllowWrites, CancelPeek,
                                      CreateDataflow, CreateInstance, CreateTimely, Error, FrontierUpper,
-                                     InitializationComplete, Peek, PeekResponse, ProtocolError, Schedule,
+                                     InitializationComplete, Peek, PeekResponse, Plan, PlanResponse,
+                                     ProtocolError, Schedule,
                                      Status, UpdateConfiguration, decode, decode_command,
                                      decode_response, encode)
 
@@ -28,11 +29,15 @@ GOLDEN = [
      b'{"columns":["x"],"filter":"x > 1","kind":"Peek","limit":10,"max_result_bytes":1000,'
      b'"offset":2,"time":3,"uuid":"p1","view_id":"v"}'),
     (CancelPeek("p1"), b'{"kind":"CancelPeek","uuid":"p1"}'),
+    (Plan("q1", "v", 10, 1000), b'{"kind":"Plan","limit":10,"max_result_bytes":1000,"uuid":"q1","view_id":"v"}'),
     (UpdateConfiguration({"trigger_seconds": 0.5}),
      b'{"kind":"UpdateConfiguration","params":{"trigger_seconds":0.5}}'),
     (FrontierUpper("v", 12), b'{"kind":"FrontierUpper","upper":12,"view_id":"v"}'),
     (FrontierUpper("v", None), b'{"kind":"FrontierUpper","upper":null,"view_id":"v"}'),
     (PeekResponse("p1", "canceled"), b'{"arrow":null,"error":null,"kind":"PeekResponse","status":"canceled","uuid":"p1"}'),
+    (PlanResponse("q1", "error", error="no view"),
+     b'{"added":null,"arrow":null,"error":"no view","kind":"PlanResponse","lower":null,"removed":null,'
+     b'"status":"error","updates":null,"upper":null,"uuid":"q1"}'),
     (Status("r", "read-only", True, {"log_level": "INFO"}, {"v": {"frontier": 3}}),
      b'{"config":{"log_level":"INFO"},"kind":"Status","read_only":true,"replica_id":"r",'
      b'"stage":"read-only","views":{"v":{"frontier":3}}}'),

@@ -3,9 +3,10 @@
 :class:`ViewMetrics` counts from every step's :class:`~mvsink.sink.StepReport` (steps, commits
 won and lost, repairs, failed steps) and keeps the last step's figures (upper, timeline upper,
 correction buffer size, duration) and the seconds and Spark jobs spent in each phase of a step.
-:func:`render` adds what is read at scrape time: each source's
-lag behind the view's latest time, in versions and in seconds since the oldest source commit the
-view does not have yet. :class:`MetricsServer` serves ``GET /metrics`` from a port bound when the
+:func:`render` adds what is read at scrape time: the running hydration (start, elapsed seconds,
+Spark tasks done, see :mod:`mvsink.hydration`) and each source's lag behind the view's latest
+time (:func:`source_lag`), in versions and in seconds since the oldest source commit the view
+does not have yet. :class:`MetricsServer` serves ``GET /metrics`` from a port bound when the
 job starts, before Spark: a port in use stops the job at once, with nothing written.
 """
 
@@ -19,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from mvsink import table as delta_table
+from mvsink.timeline import Entry
 from mvsink.view import ConfigError
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,12 @@ METRICS = {
     "mvsink_read_only": ("gauge", "1 while the replica is read-only."),
     "mvsink_phase_seconds_total": ("counter", "Seconds spent in each phase of the steps (see mvsink.step_profile)."),
     "mvsink_phase_spark_jobs_total": ("counter", "Spark jobs run in each phase of the steps."),
+    "mvsink_hydrating": ("gauge", "1 while a hydration runs."),
+    "mvsink_hydration_started_seconds": ("gauge", "Unix time the running hydration started (0: none runs)."),
+    "mvsink_hydration_elapsed_seconds": ("gauge", "Seconds the running hydration has taken so far (0: none runs)."),
+    "mvsink_hydration_progress": ("gauge", "Tasks done / tasks of the running hydration's Spark jobs started so far."),
+    "mvsink_hydration_last_seconds": ("gauge", "Duration of the last finished hydration."),
+    "mvsink_hydration_last_rows": ("gauge", "Updates the last finished hydration left to write (the view's rows, into an empty table)."),
     "mvsink_source_lag_versions": ("gauge", "Source commits not yet covered by the view's latest time."),
     "mvsink_source_lag_seconds": ("gauge", "Age of the oldest source commit not yet covered (0: none)."),
 }
@@ -86,6 +94,7 @@ def render(views: dict) -> str:
             "mvsink_compactions_total": mv.upkeep.compactions, "mvsink_upper": m.upper,
             "mvsink_timeline_upper": m.timeline_upper, "mvsink_correction_updates": m.corrections,
             "mvsink_step_seconds": m.step_seconds, "mvsink_read_only": int(mv.read_only),
+            **hydration_values(mv.hydration),
         }
         for name, value in values.items():
             samples[name].append(f"{name}{{{labels}}} {value}")
@@ -94,15 +103,7 @@ def render(views: dict) -> str:
             samples["mvsink_phase_seconds_total"].append(f"mvsink_phase_seconds_total{{{phase_labels}}} {seconds:.3f}")
             samples["mvsink_phase_spark_jobs_total"].append(
                 f"mvsink_phase_spark_jobs_total{{{phase_labels}}} {m.phase_spark_jobs[phase]}")
-        last = mv.timeline.last()
-        for source, path in sorted(mv.view.sources.items()):
-            covered = last.versions.get(source, -1) if last is not None else -1
-            latest = delta_table.latest_version(path)
-            lag = max(0, (latest if latest is not None else covered) - covered)
-            seconds = 0.0
-            if lag:
-                committed = delta_table.commit_info(path, covered + 1).get("timestamp")
-                seconds = max(0.0, time.time() - committed / 1000) if committed else 0.0
+        for source, (lag, seconds) in source_lag(mv.view.sources, mv.timeline.last()).items():
             source_labels = f'{labels},source="{source}"'
             samples["mvsink_source_lag_versions"].append(f"mvsink_source_lag_versions{{{source_labels}}} {lag}")
             samples["mvsink_source_lag_seconds"].append(
@@ -111,6 +112,35 @@ def render(views: dict) -> str:
     for name, (kind, text) in METRICS.items():
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *samples[name]]
     return "\n".join(lines) + "\n"
+
+
+def hydration_values(hydration) -> dict[str, float]:
+    """The hydration metrics of a :class:`~mvsink.hydration.Hydration`."""
+    tasks = hydration.tasks()
+    return {
+        "mvsink_hydrating": int(hydration.running),
+        "mvsink_hydration_started_seconds": round(hydration.started_at or 0.0, 3),
+        "mvsink_hydration_elapsed_seconds": round(hydration.elapsed(), 3),
+        "mvsink_hydration_progress": round(tasks[0] / tasks[1], 4) if tasks and tasks[1] else 0.0,
+        "mvsink_hydration_last_seconds": round(hydration.last_seconds, 3),
+        "mvsink_hydration_last_rows": hydration.last_rows,
+    }
+
+
+def source_lag(sources: dict[str, str], last: Entry | None) -> dict[str, tuple[int, float]]:
+    """Per source name: the commits past the version the timeline's ``last`` entry covers, and
+    the age in seconds of the oldest of them (0 when none)."""
+    lags = {}
+    for source, path in sorted(sources.items()):
+        covered = last.versions.get(source, -1) if last is not None else -1
+        latest = delta_table.latest_version(path)
+        lag = max(0, (latest if latest is not None else covered) - covered)
+        seconds = 0.0
+        if lag:
+            committed = delta_table.commit_info(path, covered + 1).get("timestamp")
+            seconds = max(0.0, time.time() - committed / 1000) if committed else 0.0
+        lags[source] = (lag, seconds)
+    return lags
 
 
 class MetricsServer:

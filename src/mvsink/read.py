@@ -58,7 +58,7 @@ def since_of(table: DeltaTable, view_id: str) -> int | None:
     conflicts).
     """
     first_lower = None
-    for info in _newest_first(table):
+    for info in newest_first(table):
         if info.get(META_VIEW) != view_id:
             continue
         if info.get(META_REASON) == REASON_COMPACTION:
@@ -68,7 +68,7 @@ def since_of(table: DeltaTable, view_id: str) -> int | None:
     return first_lower
 
 
-def _newest_first(table: DeltaTable, first_chunk: int = 64):
+def newest_first(table: DeltaTable, first_chunk: int = 64):
     """The table's commit infos, newest first, read in growing chunks."""
     seen, limit = 0, first_chunk
     while True:

@@ -26,6 +26,10 @@ Each :meth:`MaterializedView.step` (one trigger, e.g. one ``foreachBatch`` call)
 Nothing here keeps the view on the driver: the buffer, the input and the read-back are Spark
 DataFrames; the driver sees versions, file lists and counts.
 
+Between two steps, :meth:`MaterializedView.plan` gives the updates the next commit would write
+(for a read-only replica: its first commit once promoted), computed as a commit's are; a step that
+hydrates reports its progress through :class:`~mvsink.hydration.Hydration`.
+
 The micro-batch a ``foreachBatch`` hands over only triggers a step: mvsink reads its input itself
 at the versions the timeline pins, so that all replicas see the same times and rows.
 """
@@ -36,6 +40,7 @@ import logging
 import tempfile
 import threading
 import time
+from functools import reduce
 from typing import Callable
 from dataclasses import dataclass, field
 
@@ -49,6 +54,7 @@ from mvsink.append.retention import Retention, Upkeep
 from mvsink.cleanup import clean_orphans
 from mvsink.correction import CorrectionBuffer
 from mvsink.correction.readback import ReadBack, ReadBackError
+from mvsink.hydration import Hydration
 from mvsink.inputs import desired_for
 from mvsink.key_check import key_error_corrections
 from mvsink.metrics import ViewMetrics
@@ -66,7 +72,11 @@ log = logging.getLogger(__name__)
 #: Look for orphaned staged files every this many steps (and at the first writable step).
 _CLEANUP_EVERY = 50
 
-__all__ = ["MaterializedView", "StepReport", "TimeWentBackwards"]
+__all__ = ["MaterializedView", "NotCaughtUp", "StepReport", "TimeWentBackwards"]
+
+
+class NotCaughtUp(RuntimeError):
+    """The replica has not computed the view up to the table's upper yet: no plan to show."""
 
 
 @dataclass
@@ -109,6 +119,8 @@ class MaterializedView:
         self._failures = 0
         #: Held by a streamed step; :meth:`stop_stream` takes it to stop between steps.
         self._stream_gate = threading.Lock()
+        #: Held for a whole step: :meth:`plan` reads the buffer and frontiers between two steps.
+        self._step_lock = threading.RLock()
         self._stream_stopping = False
         self.view = view
         self.orphan_grace_seconds = orphan_grace_seconds
@@ -135,6 +147,7 @@ class MaterializedView:
         self.observed_upper = 0
         #: How often this replica has hydrated (read the whole input): once, unless restarted.
         self.hydrations = 0
+        self.hydration = Hydration(spark, view.view_id)
         self._steps = 0
         log.info("view %s (replica %s) on %s: %s over %s, key %s, as_of %d, timeline %s%s", view.view_id,
                  view.replica_id, view.target, type(view.input).__name__, view.sources, list(view.key),
@@ -201,6 +214,15 @@ class MaterializedView:
     # -- one step -------------------------------------------------------------------------------
 
     def step(self) -> StepReport:
+        with self._step_lock:
+            try:
+                return self._step()
+            except BaseException as exc:
+                if self.hydration.running:
+                    self.hydration.abort(exc)
+                raise
+
+    def _step(self) -> StepReport:
         started = time.monotonic()
         self._profile = profile = StepProfile(self.spark)
         minted = None
@@ -219,6 +241,8 @@ class MaterializedView:
             corrections = self.correction.count()
         report = StepReport(persisted.version, persisted.upper, self.desired_frontier, corrections,
                             timeline_upper=self.timeline.upper, minted_time=minted)
+        if self.hydration.running:
+            self.hydration.finish(corrections)
         self.minter.advance_persist(max(self.view.as_of, persisted.upper))
         if self.desired_frontier is not None:
             self.minter.advance_desired(self.desired_frontier)
@@ -313,8 +337,7 @@ class MaterializedView:
         if self.desired_frontier is None:
             hydrate_at = max(self.view.as_of, persisted.upper - 1)
             if upper > hydrate_at:
-                log.info("hydrating at time %d = %s (table version %d, upper %d)", hydrate_at,
-                         self.timeline.versions(hydrate_at), persisted.version, persisted.upper)
+                self.hydration.start(hydrate_at, self.timeline.versions(hydrate_at))
                 # Read once, by the fold (lazy here: its time shows in the correction phase).
                 desired = self.desired.snapshot(hydrate_at)
                 self.desired_frontier = hydrate_at + 1
@@ -381,15 +404,11 @@ class MaterializedView:
         with profile.phase("staging"):
             if latest_version(self.view.target) is None:
                 create_target(self.view, self.schema)
-            updates = batch_updates(self.correction.updates, desc, self.correction.since)
+            updates, history_updates = _commit_updates(desc, self.correction.updates, self.correction.since,
+                                                       list(self.pending_repairs.values()))
             extra = {META_READBACK: self._readback_version}
-            if self.pending_repairs:
-                history = self._history_repair(desc)
-                extra[META_HISTORY] = history.count()
-                # The undos at their own times, and their sum taken back at lower, where the buffer
-                # already has it: the contents from lower on are the buffer's, history is restored.
-                updates = consolidate(updates.unionByName(history).unionByName(
-                    negate(advance_times(history, desc.lower))))
+            if history_updates is not None:
+                extra[META_HISTORY] = history_updates
             batch = stage(updates, desc, self.view.target, self.view.view_id, self.view.replica_id)
         if self.pending_repairs:
             reason = REASON_REPAIR
@@ -406,14 +425,27 @@ class MaterializedView:
             self.pending_repairs.clear()
         return result.appended, len(batch.files)
 
-    def _history_repair(self, desc: Description) -> DataFrame:
-        """The pending undos' updates below ``desc.lower``, consolidated (later ones the buffer
-        holds at their times already)."""
-        undos = list(self.pending_repairs.values())
-        history = undos[0]
-        for undo in undos[1:]:
-            history = history.unionByName(undo)
-        return consolidate(history.where(F.col(TIME) < F.lit(desc.lower))).localCheckpoint(eager=True)
+    def plan(self) -> tuple[Description, DataFrame]:
+        """The description and the updates of the commit this replica would make next if it
+        were allowed to write now: computed from the buffer and the pending repairs between two
+        steps by the same function as a commit's (:func:`_commit_updates`), so a replica promoted
+        while neither the sources nor the table move commits exactly these updates first.
+
+        The description is `[lower, upper)` with lower the table's upper and upper the input
+        frontier, or, with every time computed, the repair time a writer would mint
+        (`lower + 1`). Raises :class:`NotCaughtUp` before hydration or while the input frontier
+        is behind the table's upper.
+        """
+        with self._step_lock:
+            lower, desired = self.minter.persist_frontier, self.desired_frontier
+            if desired is None or desired < lower:
+                state = "has not hydrated" if desired is None else f"has computed times below {desired} only"
+                raise NotCaughtUp(f"view {self.view.view_id!r}: replica {self.view.replica_id} {state}; "
+                                  f"the table's upper is {lower}; try again once it has caught up")
+            corrections, since = self.correction.updates, self.correction.since
+            undos = list(self.pending_repairs.values())
+        desc = Description(lower, desired if desired > lower else lower + 1)
+        return desc, _commit_updates(desc, corrections, since, undos)[0]
 
     # -- running -------------------------------------------------------------------------------
 
@@ -470,3 +502,19 @@ class MaterializedView:
         if between_steps:
             self._stream_gate.release()
         query.stop()
+
+
+def _commit_updates(desc: Description, corrections: DataFrame, corrections_since: int,
+                    undos: list[DataFrame]) -> tuple[DataFrame, int | None]:
+    """The updates a commit for ``desc`` writes, and how many of them restore history (None
+    without foreign commits to undo): the corrections below ``desc.upper`` and, for each undo,
+    its updates below ``desc.lower`` at their own times and their sum taken back at ``lower``,
+    where the buffer already has it: the contents from lower on are the buffer's, history is
+    restored."""
+    updates = batch_updates(corrections, desc, corrections_since)
+    if not undos:
+        return updates, None
+    history = reduce(DataFrame.unionByName, undos)
+    history = consolidate(history.where(F.col(TIME) < F.lit(desc.lower))).localCheckpoint(eager=True)
+    updates = consolidate(updates.unionByName(history).unionByName(negate(advance_times(history, desc.lower))))
+    return updates, history.count()

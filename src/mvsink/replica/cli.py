@@ -4,27 +4,35 @@ Each invocation connects to a replica, adopts its command history (so connecting
 nothing: running views are kept as they are), sends one command and prints the answer::
 
     mvsink --replica HOST:PORT status
+    mvsink status --target PATH [--view ID] [--timeline PATH]     (any job, or none: reads the table)
+    mvsink status --config view.yaml
     mvsink --replica HOST:PORT create --config view.yaml
     mvsink --replica HOST:PORT allow-writes
     mvsink --replica HOST:PORT peek VIEW [--time T] [--where EXPR] [--columns a,b] [--limit N] [--offset N]
     mvsink --replica HOST:PORT compact VIEW --since T
     mvsink --replica HOST:PORT drop VIEW
+    mvsink --replica HOST:PORT plan VIEW [--limit N] [--json]
     mvsink --replica HOST:PORT configure trigger_seconds=1 shuffle_partitions=4 log_level=DEBUG
-    mvsink cutover --old HOST:PORT --new HOST:PORT VIEW
+    mvsink cutover --old HOST:PORT --new HOST:PORT VIEW [--max-plan-rows N]
+    mvsink sql TARGET [--time T] [--dialect duckdb|spark|trino]
 
-Exit codes: 0 done, 1 the replica refused or failed the command, 2 bad arguments.
+Exit codes: 0 done, 1 the replica refused or failed the command (a cutover refused for its plan's
+size included: nothing changed), or the table cannot be read as a view's; 2 bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import sys
 
 from mvsink.read import plain_sql
 from mvsink.replica.controller import Controller, ControllerError, cutover
-from mvsink.view import normalize_path
+from mvsink.replica.protocol import PlanResponse
+from mvsink.status import table_status
+from mvsink.view import ConfigError, normalize_path, spec_from_yaml, view_from_spec
 
 log = logging.getLogger("mvsink.cli")
 
@@ -35,8 +43,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for answers")
     parser.add_argument("--log-level", default="WARNING")
     commands = parser.add_subparsers(dest="command", required=True)
-    status = commands.add_parser("status", help="views, frontiers, hydration, read-only or not")
+    status = commands.add_parser("status", help="views, frontiers, hydration, read-only or not; with "
+                                                "--target or --config: a view's state read from its table")
     status.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    status.add_argument("--target", help="read the view's state from this target table (no --replica)")
+    status.add_argument("--config", help="read the state of this view definition's target (no --replica)")
+    status.add_argument("--view", help="with --target: the view id (default: the table's newest writer)")
+    status.add_argument("--timeline", help="with --target: the timeline (default <target>_timeline)")
     commands.add_parser("create", help="create and schedule a view").add_argument("--config", required=True)
     commands.add_parser("allow-writes", help="end read-only mode (for good)")
     peek = commands.add_parser("peek", help="a view's rows at a time")
@@ -57,6 +70,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     cut.add_argument("view")
     cut.add_argument("--old", required=True, metavar="HOST:PORT")
     cut.add_argument("--new", required=True, metavar="HOST:PORT")
+    cut.add_argument("--max-plan-rows", type=int, metavar="N",
+                     help="refuse (exit 1, nothing changed) if the new replica's first commit writes more updates")
+    plan = commands.add_parser("plan", help="the updates a view's next commit at the replica would write "
+                                            "(a read-only replica's first commit once promoted)")
+    plan.add_argument("view")
+    plan.add_argument("--limit", type=int, default=100, help="updates to show (default 100; the counts are of all)")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     sql = commands.add_parser("sql", help="SQL that shows a view's rows to DuckDB, Spark or Trino "
                                           "without mvsink (reads the table, needs no replica)")
     sql.add_argument("target", help="the view's target table (path or s3:// URI)")
@@ -64,8 +84,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sql.add_argument("--dialect", choices=["duckdb", "spark", "trino"], default="duckdb")
     sql.add_argument("--table", help="trino: the target's name in the Trino catalog")
     args = parser.parse_args(argv)
-    if args.command not in ("cutover", "sql") and not args.replica:
-        parser.error(f"{args.command} needs --replica HOST:PORT")
+    from_table = args.command == "status" and (args.target or args.config)
+    if args.command == "status" and args.target and args.config:
+        parser.error("status: give --target or --config, not both")
+    if args.command == "status" and (args.view or args.timeline) and not args.target:
+        parser.error("status: --view and --timeline go with --target")
+    if args.command not in ("cutover", "sql") and not from_table and not args.replica:
+        parser.error(f"{args.command} needs --replica HOST:PORT" + (
+            " (or --target PATH / --config view.yaml)" if args.command == "status" else ""))
+    if args.command == "plan" and args.limit < 0:
+        parser.error("plan: --limit must be >= 0")
     return args
 
 
@@ -84,14 +112,73 @@ def print_status(controller: Controller) -> None:
     print(f"replica {status.replica_id}: {status.stage}, settings {status.config}")
     for view_id, view in sorted(status.views.items()):
         frontier = controller.frontiers.get(view_id, view["frontier"])
-        print(f"  view {view_id}: {'hydrated' if view['hydrated'] else 'hydrating'}, frontier {frontier}, "
+        print(f"  view {view_id}: {_hydration(view)}, frontier {frontier}, "
               f"since {view['since']}, {'running' if view['scheduled'] else 'not scheduled'}, "
               f"{view['steps']} steps" + (f", FAILED: {view['failed']}" if view["failed"] else ""))
     if not status.views:
         print("  no views")
 
 
+def print_plan(view_id: str, address: str, plan: PlanResponse, as_json: bool) -> None:
+    table = plan.table()
+    if as_json:
+        print(json.dumps({"view_id": view_id, "replica": address, "lower": plan.lower, "upper": plan.upper,
+                          "updates": plan.updates, "added": plan.added, "removed": plan.removed,
+                          "rows": table.to_pylist()}, indent=2, sort_keys=True, default=str))
+        return
+    print(f"# plan of view {view_id} at {address}: its next commit writes [{plan.lower}, {plan.upper}): "
+          f"{plan.updates} updates, +{plan.added} rows, -{plan.removed} rows")
+    if not table.num_rows:
+        print("(nothing to write: the table already holds this view)" if not plan.updates else "(rows not shown)")
+        return
+    frame = table.to_pandas()
+    frame.insert(0, "+/-", ["+" if d > 0 else "-" for d in frame["_mv_diff"]])
+    print(frame.to_string(index=False))
+    if table.num_rows < plan.updates:
+        print(f"# ... {plan.updates - table.num_rows} more updates (--limit)")
+
+
+def print_table_status(status: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+        return
+    print(f"view {status['view_id']} in {status['target']} (table version {status['table_version']}): "
+          f"upper {status['upper']}, since {status['since']}; timeline {status['timeline']}: "
+          f"upper {status['timeline_upper']}")
+    for name, source in sorted(status["sources"].items()):
+        print(f"  source {name}: latest version {source['latest_version']}, latest time covers "
+              f"{source['covered_version']}, lag {source['lag_versions']} versions, {source['lag_seconds']:.1f}s")
+    last = status["last_commit"]
+    when = (f"{datetime.datetime.fromtimestamp(last['timestamp_ms'] / 1000, datetime.timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+            if last["timestamp_ms"] else "an unknown time")
+    print(f"  last commit: version {last['version']} at {when} by {last['replica']}, "
+          f"{last['reason']} [{last['lower']}, {last['upper']})"
+          + (f", repairs versions {last['repairs']}" if last["repairs"] else ""))
+
+
+def _hydration(view: dict) -> str:
+    """How far the view's hydration is, from its status."""
+    if view.get("hydrating"):
+        started = datetime.datetime.fromtimestamp(view["hydration_started_at"], datetime.timezone.utc)
+        tasks = view.get("hydration_tasks")
+        return (f"hydrating since {started:%H:%M:%S} UTC ({view['hydration_seconds']:.0f}s"
+                + (f", {tasks[0]}/{tasks[1]} tasks" if tasks and tasks[1] else "") + ")")
+    if view["hydrated"]:
+        return (f"hydrated ({view['hydration_rows']} rows in {view['hydration_seconds']:.1f}s)"
+                if view.get("hydration_seconds") else "hydrated")
+    return "not hydrated yet"
+
+
 def run(args: argparse.Namespace) -> None:
+    if args.command == "status" and (args.target or args.config):
+        if args.config:
+            view = view_from_spec(spec_from_yaml(args.config), read_only=True)
+            status = table_status(view.target, view.view_id, view.timeline)
+        else:
+            status = table_status(normalize_path(args.target), args.view,
+                                  normalize_path(args.timeline) if args.timeline else None)
+        print_table_status(status, args.json)
+        return
     if args.command == "sql":
         try:
             print(plain_sql(normalize_path(args.target), args.time, args.dialect, args.table))
@@ -102,7 +189,7 @@ def run(args: argparse.Namespace) -> None:
         with Controller(args.old, timeout=args.timeout) as old, Controller(args.new, timeout=args.timeout) as new:
             old.connect()
             new.connect()
-            frontier = cutover(old, new, args.view, timeout=args.timeout)
+            frontier = cutover(old, new, args.view, timeout=args.timeout, max_plan_rows=args.max_plan_rows)
             print(f"cutover of {args.view}: {args.new} writes from frontier {frontier}; "
                   f"{args.old} has dropped the view (stop its process)")
         return
@@ -134,6 +221,8 @@ def run(args: argparse.Namespace) -> None:
         elif args.command == "compact":
             controller.compact(args.view, args.since)
             print(f"view {args.view}: since advanced to {args.since}; the table is compacted at the next step")
+        elif args.command == "plan":
+            print_plan(args.view, args.replica, controller.plan(args.view, limit=args.limit), args.json)
         elif args.command == "drop":
             controller.drop(args.view)
             print(f"view {args.view} dropped at {args.replica}")
@@ -148,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
         run(args)
-    except ControllerError as exc:
+    except (ControllerError, ConfigError) as exc:
         print(f"mvsink: {exc}", file=sys.stderr)
         return 1
     return 0

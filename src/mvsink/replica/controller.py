@@ -7,9 +7,11 @@ A controller without a history of its own (a command line, a new operator proces
 replica's (the ``History`` call) and so change nothing by connecting.
 
 Responses are read by a background thread into: the latest frontier per view (and the full
-sequence, to check they only advance), the latest ``Status``, peek results by uuid, and errors.
+sequence, to check they only advance), the latest ``Status``, peek and plan results by uuid, and
+errors.
 
-:func:`cutover` is the blue/green cutover between two replicas of a view.
+:func:`cutover` is the blue/green cutover between two replicas of a view; with a bound on the
+new replica's plan it refuses, changing nothing, when the first commit would write more.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import pyarrow as pa
 from mvsink.replica.history import CommandHistory
 from mvsink.replica.protocol import (PEEK_CANCELED, PEEK_ROWS, AllowCompaction, AllowWrites, CancelPeek,
                                      CreateDataflow, CreateInstance, CreateTimely, Error, FrontierUpper,
-                                     InitializationComplete, Peek, PeekResponse, Schedule, Status,
-                                     UpdateConfiguration, decode, decode_response, encode)
+                                     InitializationComplete, Peek, PeekResponse, Plan, PlanResponse,
+                                     Schedule, Status, UpdateConfiguration, decode, decode_response,
+                                     encode)
 from mvsink.replica.server import CHANNEL_OPTIONS, HISTORY_METHOD, STREAM_METHOD
 from mvsink.view import shared_spec, spec_from_yaml
 
@@ -41,6 +44,10 @@ class ControllerError(RuntimeError):
 
 class PeekCanceled(ControllerError):
     pass
+
+
+class PlanTooLarge(ControllerError):
+    """A cutover refused because the new replica's first commit would write more than allowed."""
 
 
 class Controller:
@@ -118,7 +125,7 @@ class Controller:
                         self.frontiers[response.view_id] = response.upper
                     elif isinstance(response, Status):
                         self.status_ = response
-                    elif isinstance(response, PeekResponse):
+                    elif isinstance(response, (PeekResponse, PlanResponse)):
                         self._peeks[response.uuid] = response
                     elif isinstance(response, Error):
                         log.warning("replica %s refused %s: %s", self.address, response.command,
@@ -230,6 +237,21 @@ class Controller:
             raise PeekCanceled(f"peek {response.uuid} was canceled")
         raise ControllerError(f"peek of {view_id} at {time} failed: {response.error}")
 
+    def plan(self, view_id: str, limit: int | None = None, max_result_bytes: int = 64 * 1024 * 1024,
+             timeout: float | None = None) -> PlanResponse:
+        """What the view's next commit at the replica would write if it could write now (see
+        :mod:`mvsink.replica.plan`); waits for the view to hydrate; raises on an error answer."""
+        status = self.status()
+        if view_id in status.views:
+            self.wait_status(lambda s: s.views.get(view_id, {}).get("hydrated", True),
+                             f"view {view_id} to hydrate", timeout)
+        plan_id = uuidlib.uuid4().hex
+        self.send(Plan(plan_id, view_id, limit, max_result_bytes), record=False)
+        response = self.peek_response(plan_id, timeout)
+        if response.status != PEEK_ROWS:
+            raise ControllerError(f"plan of {view_id} at {self.address} failed: {response.error}")
+        return response
+
     def cancel_peek(self, peek_id: str) -> None:
         self.send(CancelPeek(peek_id), record=False)
 
@@ -254,10 +276,12 @@ def view_spec(path: str) -> dict:
 
 
 def cutover(old: Controller, new: Controller, view_id: str, timeout: float = 600.0,
-            poll_seconds: float = 1.0) -> int:
+            poll_seconds: float = 1.0, max_plan_rows: int | None = None) -> int:
     """Blue/green cutover of ``view_id`` from ``old`` (writing) to ``new`` (read-only).
 
     1. wait until ``new`` has hydrated the view and its frontier has reached ``old``'s;
+    1b. with ``max_plan_rows``: raise :class:`PlanTooLarge`, changing nothing (``old`` still
+       writes, ``new`` stays read-only), if ``new``'s plan has more updates than that;
     2. drop the view at ``old`` and wait for its empty frontier: its query has stopped, it will
        write nothing more (so the first commit after the cutover is ``new``'s);
     3. allow writes at ``new``.
@@ -276,6 +300,14 @@ def cutover(old: Controller, new: Controller, view_id: str, timeout: float = 600
         log.info("cutover of %s: waiting for the new replica (frontier %s) to reach the old (%s)",
                  view_id, new_frontier, old_frontier)
         time.sleep(poll_seconds)
+    if max_plan_rows is not None:
+        plan = new.plan(view_id, limit=0, timeout=timeout)
+        if plan.updates > max_plan_rows:
+            raise PlanTooLarge(f"cutover of {view_id} refused: the first commit of {new.address} would write "
+                               f"{plan.updates} updates (+{plan.added} -{plan.removed} rows) at [{plan.lower}, "
+                               f"{plan.upper}), more than --max-plan-rows {max_plan_rows}; nothing changed: "
+                               f"{old.address} still writes, {new.address} stays read-only")
+        log.info("cutover of %s: the plan writes %d updates, within %d", view_id, plan.updates, max_plan_rows)
     log.info("cutover of %s: new replica caught up at %d; stopping the old one", view_id, new_frontier)
     old.drop(view_id)
     new.allow_writes()

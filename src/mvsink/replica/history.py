@@ -3,7 +3,7 @@
 The history is what a controller would have to send to bring a fresh replica to the same state.
 :meth:`CommandHistory.reduce` keeps it small without changing that state:
 
-* peeks and peek cancellations are dropped (they change nothing that lasts);
+* peeks, peek cancellations and plans are dropped (they change nothing that lasts);
 * a view's compactions collapse into the latest one (frontiers only advance);
 * a dropped view (compaction to the empty frontier) loses all its commands;
 * configuration updates merge into one, later settings winning;
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from mvsink.replica.protocol import (AllowCompaction, AllowWrites, CancelPeek, CreateDataflow,
                                      CreateInstance, CreateTimely, InitializationComplete, Peek,
-                                     Schedule, UpdateConfiguration)
+                                     Plan, Schedule, UpdateConfiguration)
 
 
 class CommandHistory:
@@ -69,7 +69,7 @@ class CommandHistory:
                 params.update(command.params)
             elif isinstance(command, AllowWrites):
                 allow_writes = True
-            elif not isinstance(command, (Peek, CancelPeek)):
+            elif not isinstance(command, (Peek, CancelPeek, Plan)):
                 raise TypeError(f"not a command: {command!r}")
         reduced = [creation[cls] for cls in (CreateTimely, CreateInstance) if cls in creation]
         for view_id, dataflow in dataflows.items():

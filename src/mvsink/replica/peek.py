@@ -84,7 +84,8 @@ def run_peek(spark: SparkSession, request: PeekRequest) -> pa.Table:
         rows = rows.offset(request.offset)
     if request.limit is not None:
         rows = rows.limit(request.limit)
-    return _collect(rows, request)
+    return collect_arrow(rows, request.max_result_bytes,
+                         f"the peek at view {view!r} at time {t}")
 
 
 def _check_request(request: PeekRequest) -> None:
@@ -171,9 +172,9 @@ def _raise_if_in_error(contents: DataFrame, request: PeekRequest) -> None:
                         + " | ".join(r[0] for r in errors))
 
 
-def _collect(rows: DataFrame, request: PeekRequest) -> pa.Table:
-    """``rows`` as Arrow, fetched a partition at a time, failing past ``max_result_bytes``."""
-    max_bytes = request.max_result_bytes
+def collect_arrow(rows: DataFrame, max_bytes: int, what: str) -> pa.Table:
+    """``rows`` as Arrow, fetched a partition at a time; a :class:`PeekError` naming ``what``
+    once they pass ``max_bytes``."""
     chunks = rows.mapInArrow(_encoder(max_bytes, min(max_bytes, _CHUNK_BYTES)), _CHUNK_DDL)
     batches, total = [], 0
     stream = chunks.toLocalIterator()
@@ -184,8 +185,7 @@ def _collect(rows: DataFrame, request: PeekRequest) -> pa.Table:
                     batches.append(batch)
                     total += batch.nbytes
             if chunk.exceeded or total > max_bytes:
-                raise PeekError(f"the result of the peek at view {request.view_id!r} at time "
-                                f"{request.time} exceeds max_result_bytes {max_bytes} (Arrow size); "
+                raise PeekError(f"the result of {what} exceeds max_result_bytes {max_bytes} (Arrow size); "
                                 "ask for fewer rows (limit, filter) or columns")
     finally:
         stream.close()  # stops the fetching of further partitions

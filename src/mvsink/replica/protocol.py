@@ -107,6 +107,18 @@ class CancelPeek:
 
 
 @dataclass(frozen=True)
+class Plan:
+    """Ask what the view's next commit at this replica would write if it were allowed to write
+    now (a read-only replica's first commit after ``AllowWrites``); answered by exactly one
+    PlanResponse carrying at most ``limit`` of its updates (None: all)."""
+
+    uuid: str
+    view_id: str
+    limit: int | None = None
+    max_result_bytes: int = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
 class UpdateConfiguration:
     """Change runtime settings: ``trigger_seconds``, ``shuffle_partitions``, ``log_level`` (mvsink's loggers)."""
 
@@ -142,10 +154,30 @@ class PeekResponse:
 
     @staticmethod
     def rows(uuid: str, table: pa.Table) -> "PeekResponse":
-        sink = io.BytesIO()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        return PeekResponse(uuid, PEEK_ROWS, arrow=base64.b64encode(sink.getvalue()).decode())
+        return PeekResponse(uuid, PEEK_ROWS, arrow=arrow_text(table))
+
+
+@dataclass(frozen=True)
+class PlanResponse:
+    """The plan: the commit's description ``[lower, upper)``, its counts of updates, of rows
+    added (the sum of the positive diffs) and removed (of the negative ones), and its updates
+    (status "rows": view columns, ``_mv_error``, ``_mv_time``, ``_mv_diff``, at most the limit
+    asked for, as an Arrow IPC stream, base64); or why there is none (status "error")."""
+
+    uuid: str
+    status: str
+    lower: int | None = None
+    upper: int | None = None
+    updates: int | None = None
+    added: int | None = None
+    removed: int | None = None
+    arrow: str | None = None
+    error: str | None = None
+
+    def table(self) -> pa.Table:
+        if self.status != PEEK_ROWS:
+            raise ValueError(f"plan {self.uuid} has no rows: {self.status} {self.error or ''}")
+        return pa.ipc.open_stream(base64.b64decode(self.arrow)).read_all()
 
 
 @dataclass(frozen=True)
@@ -167,9 +199,17 @@ class Error:
     message: str
 
 
+def arrow_text(table: pa.Table) -> str:
+    """``table`` as an Arrow IPC stream, base64."""
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return base64.b64encode(sink.getvalue()).decode()
+
+
 COMMANDS = (CreateTimely, CreateInstance, CreateDataflow, Schedule, InitializationComplete,
-            AllowWrites, AllowCompaction, Peek, CancelPeek, UpdateConfiguration)
-RESPONSES = (FrontierUpper, PeekResponse, Status, Error)
+            AllowWrites, AllowCompaction, Peek, CancelPeek, Plan, UpdateConfiguration)
+RESPONSES = (FrontierUpper, PeekResponse, PlanResponse, Status, Error)
 Command = typing.Union[COMMANDS]
 Response = typing.Union[RESPONSES]
 

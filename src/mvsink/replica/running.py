@@ -84,8 +84,14 @@ class RunningView:
                 self._compact_to = None
 
     def status(self) -> dict:
+        hydration = self.view.hydration
         return {
             "hydrated": self.view.frontier() is not None,
+            "hydrating": hydration.running,
+            "hydration_started_at": hydration.started_at,
+            "hydration_seconds": hydration.elapsed() if hydration.running else hydration.last_seconds,
+            "hydration_tasks": hydration.tasks(),
+            "hydration_rows": hydration.last_rows,
             "frontier": self.view.frontier(),
             "since": self.since,
             "scheduled": self.scheduled,

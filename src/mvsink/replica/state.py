@@ -36,8 +36,9 @@ from mvsink.replica.history import CommandHistory
 from mvsink.replica.peeks import PendingPeeks
 from mvsink.replica.protocol import (AllowCompaction, AllowWrites, CancelPeek, CreateDataflow,
                                      CreateInstance, CreateTimely, Error, FrontierUpper,
-                                     InitializationComplete, PEEK_ERROR, Peek, PeekResponse,
-                                     ProtocolError, Schedule, Status, UpdateConfiguration)
+                                     InitializationComplete, PEEK_ERROR, Peek, PeekResponse, Plan,
+                                     PlanResponse, ProtocolError, Schedule, Status, UpdateConfiguration)
+from mvsink.replica.plan import answer_plan
 from mvsink.replica.running import RunningView
 from mvsink.sink import MaterializedView
 from mvsink.view import ConfigError, view_from_spec
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 
 CREATION, INITIALIZATION, COMPUTATION = "creation", "initialization", "computation"
 _COMPUTATION_COMMANDS = (CreateDataflow, Schedule, AllowWrites, AllowCompaction, Peek, CancelPeek,
-                         UpdateConfiguration)
+                         Plan, UpdateConfiguration)
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -274,6 +275,14 @@ class ComputeState:
             return
         elif isinstance(command, CancelPeek):
             self.peeks.cancel(command.uuid)
+            return
+        elif isinstance(command, Plan):
+            running = self.views.get(command.view_id)
+            if running is None:
+                self._send(PlanResponse(command.uuid, PEEK_ERROR, error=(
+                    f"no view {command.view_id!r} at replica {self.replica_id} (views: {sorted(self.views)})")))
+            else:
+                answer_plan(running.view, command, self._send)
             return
         elif isinstance(command, UpdateConfiguration):
             self._update_configuration(command.params)
