@@ -215,10 +215,9 @@ def spark_session(app_name: str = "mvsink", extra_conf: dict[str, str] | None = 
             # On the driver's class path (local mode runs the executors in the driver): no copy
             # of the large SDK bundle per session, as spark.jars would make.
             conf["spark.driver.extraClassPath"] = os.pathsep.join(s3a_jars())
-        # spark.hadoop.* reaches the executors' Hadoop configuration (S3A in Spark's own tasks),
-        # spark.executorEnv.* the environment of their Python tasks (staging through pyarrow).
-        conf.update(s3a_conf())
-        conf.update(executor_env())
+        conf.update(s3a_conf())  # as spark.hadoop.*: reaches the executors' Hadoop configuration
+    # Staging tasks reach S3 through pyarrow, whatever S3A's setting: the AWS environment they need.
+    conf.update(executor_env())
     conf.update(extra_conf or {})
     # Python workers run this interpreter (with its packages), not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
