@@ -423,9 +423,9 @@ def run_with_a_kill(fleet: list[Replica], src: str, target: str, view_id: str, r
     """Replicas of one view (on S3) while its source changes ``source_versions`` times
     (:func:`s3_edit`): the replica that made the latest commit is killed with SIGKILL at a random
     version (in ``kill_between``, default from 3 to 4 before the end), in whatever it is doing, and
-    started again at once; the view catches up now and then
-    and at the end, when every replica must be alive (and, with ``restarted``, once
-    ``restarted(victim)`` holds). The fleet is stopped (SIGTERM) in every case."""
+    started again at once; the view catches up now and then and at the end, when every replica
+    must be alive (and, with ``restarted``, once ``restarted(victim)`` holds). The fleet is
+    stopped (SIGTERM) in every case."""
     from mvsink.check import caught_up
 
     try:
