@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -56,12 +57,15 @@ def write_config(path: Path, **settings) -> Path:
 
 
 class Replica:
-    """A replica as a separate process: ``python mvsink_job.py [--config ...] [--listen ...]``."""
+    """A replica as a separate process: ``python mvsink_job.py [--config ...] [--listen ...]``, or
+    with ``submit`` (a ``spark-submit ...`` command) ``spark-submit ... mvsink_job.py ...`` in a
+    session of its own, whose whole process group (the JVM and the Python driver) gets the signals."""
 
     def __init__(self, config: Path | None, replica_id: str, log_dir: Path, *extra: str,
-                 env: dict | None = None, listen: bool = False):
+                 env: dict | None = None, listen: bool = False, submit: list[str] | None = None):
         self.config, self.replica_id, self.log_dir, self.extra = config, replica_id, log_dir, extra
         self.env = env or {}
+        self.submit = submit
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         #: ``host:port`` of the replica protocol, if it listens.
@@ -74,9 +78,9 @@ class Replica:
         config = ["--config", str(self.config)] if self.config else []
         listen = ["--listen", self.address] if self.address else []
         self.proc = subprocess.Popen(
-            [sys.executable, str(JOB), *config, *listen, "--replica-id", self.replica_id,
+            [*(self.submit or [sys.executable]), str(JOB), *config, *listen, "--replica-id", self.replica_id,
              "--trigger-seconds", "0.5", *self.extra],
-            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=bool(self.submit),
         )
         return self
 
@@ -85,12 +89,20 @@ class Replica:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.alive():
-            self.proc.send_signal(sig)
+            self._send(sig)
             try:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._send(signal.SIGKILL)
                 self.proc.wait()
+        if self.submit and self.proc is not None:
+            kill_group(self.proc.pid)  # whatever of the group outlived its leader
+
+    def _send(self, sig: int) -> None:
+        if self.submit:
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
@@ -134,6 +146,14 @@ def _data_commits_by_others(target: str, view_id: str, victim: Replica) -> int:
     return sum(1 for info in table_at(target).history()
                if info.get("mvsink.view") == view_id and info.get("mvsink.reason") != "advance-upper"
                and info.get("mvsink.replica") not in (None, victim.replica_id))
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process left in the process group ``pgid`` (none left is fine)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def free_port() -> int:
@@ -356,6 +376,88 @@ def s3_server_fixture(tmp_path_factory):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def s3_table(uri: str):
+    """The Delta table at ``uri`` (s3:// or s3a://) through delta-rs."""
+    from deltalake import DeltaTable
+
+    from mvsink import storage
+
+    return DeltaTable(storage.delta_uri(uri), storage_options=storage.storage_options(uri))
+
+
+def s3_edit(src: str, rng, version: int, next_id: list[int]) -> None:
+    """One source commit (delta-rs, change data feed on): insert, update or delete."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from mvsink import storage
+
+    op = rng.choice(["insert", "insert", "update", "delete"])
+    if op == "insert":
+        ids = list(range(next_id[0], next_id[0] + rng.randint(1, 4)))
+        next_id[0] += len(ids)
+        write_deltalake(src, pa.table({"id": pa.array(ids, pa.int64()), "v": [f"r{version}-{i}" for i in ids]}),
+                        mode="append", storage_options=storage.storage_options(src))
+    elif op == "update":
+        s3_table(src).update(predicate=f"id % 3 = {version % 3}", updates={"v": f"concat(v, '+{version}')"})
+    else:
+        s3_table(src).delete(f"id % 7 = {version % 7}")
+
+
+@dataclass
+class KillRun:
+    """What :func:`run_with_a_kill` did."""
+
+    victim: Replica
+    kill_at: int  # the source version after which it was killed
+    upper_at_kill: int | None
+    latest: int  # the source's last version
+    final_upper: int
+
+
+def run_with_a_kill(fleet: list[Replica], src: str, target: str, view_id: str, rng, source_versions: int,
+                    timeout: float = 400, restarted: Callable[[Replica], bool] | None = None,
+                    kill_between: tuple[int, int] | None = None) -> KillRun:
+    """Replicas of one view (on S3) while its source changes ``source_versions`` times
+    (:func:`s3_edit`): the replica that made the latest commit is killed with SIGKILL at a random
+    version (in ``kill_between``, default from 3 to 4 before the end), in whatever it is doing, and
+    started again at once; the view catches up now and then and at the end, when every replica
+    must be alive (and, with ``restarted``, once ``restarted(victim)`` holds). The fleet is
+    stopped (SIGTERM) in every case."""
+    from mvsink.check import caught_up
+
+    try:
+        wait_for(lambda: view_upper_of(target, view_id), timeout=timeout, what="the first commit", watch=tuple(fleet))
+        next_id = [100]
+        kill_at = rng.randrange(*(kill_between or (3, source_versions - 4)))
+        victim = upper_at_kill = None
+        for version in range(source_versions):
+            s3_edit(src, rng, version, next_id)
+            if version == kill_at:
+                last = next(h for h in s3_table(target).history() if h.get("mvsink.view") == view_id)
+                victim = next(r for r in fleet if r.replica_id == last["mvsink.replica"])
+                victim.kill(signal.SIGKILL)
+                upper_at_kill = view_upper_of(target, view_id)
+                victim.start()
+            elif version % 2 == 0:
+                # Let the view catch up now and then, so that the table has many versions.
+                wait_for(lambda: caught_up(target, view_id), timeout=timeout,
+                         what=f"the view to reach source version {s3_table(src).version()}", watch=tuple(fleet))
+            time.sleep(rng.uniform(0.2, 1.5))
+        if restarted is not None:
+            wait_for(lambda: restarted(victim), timeout=timeout, what=f"{victim.replica_id} to be back",
+                     watch=tuple(fleet))
+        for replica in fleet:
+            assert replica.alive(), replica.logs()[-3000:]
+        latest = s3_table(src).version()
+        wait_for(lambda: caught_up(target, view_id), timeout=timeout,
+                 what=f"the view to reach source version {latest}", watch=tuple(fleet))
+        return KillRun(victim, kill_at, upper_at_kill, latest, view_upper_of(target, view_id))
+    finally:
+        for replica in fleet:
+            replica.kill(signal.SIGTERM)
 
 
 def stage_row(target: str, name: str, proc: int, lower: int):

@@ -18,6 +18,10 @@ default credential chain: profiles, instance and container roles). It is on when
 or when ``MVSINK_S3`` is unset and one of ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_PROFILE``, ``AWS_WEB_IDENTITY_TOKEN_FILE``, ``AWS_CONTAINER_CREDENTIALS_RELATIVE_URI`` is
 set; ``MVSINK_S3=0`` turns it off. Under spark-submit: ``--jars "$(python -m mvsink.spark --s3)"``.
+
+On a cluster the executors get what they need from the application: the jars from spark-submit's
+``--jars``, the S3A settings as ``spark.hadoop.*``, and the AWS environment their Python tasks use
+(staging writes through pyarrow, :mod:`mvsink.storage`) as ``spark.executorEnv.*``.
 """
 
 from __future__ import annotations
@@ -170,16 +174,30 @@ def configure_s3a(spark) -> None:
         hadoop.set(key[len("spark.hadoop."):], value)
 
 
+#: The environment Python tasks need to reach S3 as the driver does (:mod:`mvsink.storage` in
+#: staging), handed to executors with ``spark.executorEnv.*``.
+_EXECUTOR_ENV = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID",
+                 "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_EC2_METADATA_DISABLED",
+                 "MVSINK_S3_ATTEMPTS", "MVSINK_S3_MAX_BACKOFF")
+
+
+def executor_env() -> dict[str, str]:
+    """``spark.executorEnv.*`` settings carrying :data:`_EXECUTOR_ENV` (those set) to executors."""
+    return {f"spark.executorEnv.{name}": os.environ[name] for name in _EXECUTOR_ENV if os.environ.get(name)}
+
+
 def spark_session(app_name: str = "mvsink", extra_conf: dict[str, str] | None = None):
     """A local SparkSession with Delta enabled, sized for small machines (UI off, few partitions).
 
     Settings in ``extra_conf`` win; ``spark.master`` defaults to ``local[2]`` unless spark-submit
-    already chose one.
+    already chose one. Under spark-submit the jars are spark-submit's (``--jars``): setting
+    ``spark.jars`` here could not reach the driver's class path and would replace the list the
+    executors fetch (on a cluster, executors would miss the S3A jars).
     """
     from pyspark.sql import SparkSession
 
+    launched_by_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     conf = {
-        "spark.jars": ",".join(delta_jars()),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.ui.enabled": "false",
@@ -190,16 +208,20 @@ def spark_session(app_name: str = "mvsink", extra_conf: dict[str, str] | None = 
         "spark.driver.memory": "2g",
         "spark.sql.session.timeZone": "UTC",
     }
+    if not launched_by_spark_submit:
+        conf["spark.jars"] = ",".join(delta_jars())
     if s3_enabled():
-        # On the driver's class path (local mode runs the executors in the driver): no copy of
-        # the large SDK bundle per session, as spark.jars would make.
-        conf["spark.driver.extraClassPath"] = os.pathsep.join(s3a_jars())
-        conf.update(s3a_conf())
+        if not launched_by_spark_submit:
+            # On the driver's class path (local mode runs the executors in the driver): no copy
+            # of the large SDK bundle per session, as spark.jars would make.
+            conf["spark.driver.extraClassPath"] = os.pathsep.join(s3a_jars())
+        conf.update(s3a_conf())  # as spark.hadoop.*: reaches the executors' Hadoop configuration
+    # Staging tasks reach S3 through pyarrow, whatever S3A's setting: the AWS environment they need.
+    conf.update(executor_env())
     conf.update(extra_conf or {})
     # Python workers run this interpreter (with its packages), not whatever python3 is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    launched_by_spark_submit = "PYSPARK_GATEWAY_PORT" in os.environ
     if not launched_by_spark_submit and "spark.master" not in conf:
         builder = builder.master("local[2]")
     for key, value in conf.items():

@@ -1,0 +1,180 @@
+"""Two replicas on a Spark standalone cluster (a master and two workers on this machine, each
+worker 1 core and 1 GiB), each a ``spark-submit --master spark://...`` application with one
+executor; source and target on S3 (moto). One replica is killed with SIGKILL mid-run and started
+again while the source changes. The table equals the view at every committed version, and the
+replicas' tasks (staging, the change feed's Python function) ran on the workers' executors.
+
+The workers start without the AWS environment or mvsink's source path: what the executors know
+of S3 and of mvsink reaches them through the application (``--jars``, ``spark.hadoop.*``,
+``spark.executorEnv.*``), as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import write_deltalake
+from pyspark.find_spark_home import _find_spark_home
+
+from helpers import (ROOT, S3_BUCKET, Replica, free_port, kill_group, run_with_a_kill, s3_server_fixture,
+                     wait_for, write_config)
+from mvsink import storage
+from mvsink.check import check_table, expected_from_source
+from mvsink.spark import delta_jars, s3a_jars
+from mvsink.view import resolve_function
+
+SPARK_HOME = Path(_find_spark_home())
+
+SOURCE_VERSIONS = 10
+WORKERS = 2
+
+TRANSFORM = '''
+def tag(row):
+    """Keep ids not divisible by 5, mark v."""
+    if row["id"] % 5 == 0:
+        return None
+    return {"id": row["id"], "v": row["v"] + "!"}
+'''
+
+
+@dataclass
+class Cluster:
+    url: str  # spark://127.0.0.1:PORT
+    ui: str  # the master's web UI, http://127.0.0.1:PORT
+    work: Path  # the workers' work directories: <work>/worker-<i>/<app id>/<executor id>/stderr
+
+    def state(self) -> dict:
+        with urllib.request.urlopen(self.ui + "/json", timeout=10) as response:
+            return json.loads(response.read())
+
+
+def _start(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A standalone master and two workers (``spark-class`` processes, each in its own process
+    group); every group is killed at the end, and the work directories (with each executor's
+    copy of the jars) removed."""
+    root = tmp_path_factory.mktemp("cluster")
+    spark_class = str(SPARK_HOME / "bin" / "spark-class")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "PYTHONPATH"}
+    env.update(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_DAEMON_MEMORY="256m",
+               SPARK_LOCAL_DIRS=str(root / "local"))
+    port, ui_port = free_port(), free_port()
+    cluster = Cluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui_port}", root / "work")
+    procs = [_start([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                     "--port", str(port), "--webui-port", str(ui_port)], root / "master.log", env)]
+    try:
+        wait_for(lambda: _answers(cluster, procs[0], root / "master.log"), timeout=120, what="the master")
+        for i in range(WORKERS):
+            procs.append(_start([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                                 "--cores", "1", "--memory", "1g", "--webui-port", str(free_port()),
+                                 "--work-dir", str(cluster.work / f"worker-{i}"), cluster.url],
+                                root / f"worker-{i}.log", env))
+        wait_for(lambda: sum(w["state"] == "ALIVE" for w in cluster.state()["workers"]) == WORKERS,
+                 timeout=120, what=f"{WORKERS} workers")
+        yield cluster
+    finally:
+        for proc in procs:
+            kill_group(proc.pid)
+            proc.wait()
+        shutil.rmtree(root / "work", ignore_errors=True)
+        shutil.rmtree(root / "local", ignore_errors=True)
+
+
+def active_apps(cluster: Cluster, name: str) -> list[str]:
+    """Ids of the running applications called ``name``."""
+    return [a["id"] for a in cluster.state()["activeapps"] if a["name"] == name]
+
+
+def python_tasks_ran(cluster: Cluster, app_id: str) -> bool:
+    """Whether an executor of ``app_id`` finished a Python task (its log has PythonRunner's times)."""
+    return any("PythonRunner: Times" in log.read_text() for log in cluster.work.glob(f"worker-*/{app_id}/*/stderr"))
+
+
+def _answers(cluster: Cluster, master: subprocess.Popen, log: Path) -> bool:
+    assert master.poll() is None, "the master exited:\n" + log.read_text()[-3000:]
+    try:
+        return cluster.state()["status"] == "ALIVE"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    yield from s3_server_fixture(tmp_path_factory)
+
+
+def spark_submit(cluster: Cluster) -> list[str]:
+    """The command a replica runs under: the Delta and S3A jars shipped with ``--jars``, one core
+    (two applications fit on two one-core workers), executors importing the mvsink under test."""
+    return [str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.url,
+            "--jars", ",".join(delta_jars() + s3a_jars()), "--driver-memory", "1g",
+            "--conf", "spark.cores.max=1", "--conf", "spark.executor.cores=1",
+            "--conf", "spark.executor.memory=640m", "--conf", "spark.driver.host=127.0.0.1",
+            "--conf", f"spark.executorEnv.PYTHONPATH={ROOT / 'src'}"]
+
+
+def test_two_replicas_on_a_standalone_cluster_one_killed_and_restarted(cluster, s3, tmp_path):
+    started = time.monotonic()
+    rng = random.Random(10)
+    src, tgt = f"s3://{S3_BUCKET}/cluster_orders", f"s3a://{S3_BUCKET}/cluster_view"
+    write_deltalake(src, pa.table({"id": pa.array(range(10), pa.int64()), "v": [f"r0-{i}" for i in range(10)]}),
+                    configuration={"delta.enableChangeDataFeed": "true"},
+                    storage_options=storage.storage_options(src))
+    (tmp_path / "transform.py").write_text(TRANSFORM)
+    config = write_config(tmp_path / "view.yaml", view_id="clusterview", target=tgt, key=["id"],
+                          input={"kind": "changes", "source": src, "map_row": "transform.py:tag",
+                                 "output_schema": "id BIGINT, v STRING"})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = {"SPARK_HOME": str(SPARK_HOME), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "PYTHONPATH": str(ROOT / "src"), "SPARK_LOCAL_IP": "127.0.0.1"}
+    fleet = [Replica(config, f"r{i}", logs, env=env, submit=spark_submit(cluster)).start() for i in range(2)]
+    apps_running: dict[str, int] = {}
+
+    def both_on_the_cluster() -> bool:
+        apps_running.update({a["name"]: a["cores"] for a in cluster.state()["activeapps"]})
+        return {"mvsink-r0", "mvsink-r1"} <= set(apps_running)
+
+    wait_for(both_on_the_cluster, timeout=120, what="both replicas to register with the master", watch=tuple(fleet))
+    # The kill comes early: the restart (a JVM, an executor, hydration) overlaps the edits.
+    run = run_with_a_kill(fleet, src, tgt, "clusterview", rng, SOURCE_VERSIONS, kill_between=(1, 3),
+                          restarted=lambda victim: any(python_tasks_ran(cluster, app) for app in
+                                                       active_apps(cluster, f"mvsink-{victim.replica_id}")))
+    wait_for(lambda: not cluster.state()["activeapps"], timeout=60, what="the applications to end")
+
+    tag = resolve_function("transform.py:tag", tmp_path)
+    result = check_table(tgt, "clusterview", ["id", "v"],
+                         expected_from_source(src, ["id", "v"], tag, timeline=tgt + "_timeline"))
+    apps = cluster.state()["completedapps"]
+    print(f"cluster: 2 replicas, {run.victim.replica_id} killed with SIGKILL at source version {run.kill_at} "
+          f"(upper {run.upper_at_kill}) and restarted; source versions {run.latest}; applications "
+          f"{sorted((a['name'], a['cores'], a['state']) for a in apps)}; {time.monotonic() - started:.0f}s: "
+          f"{result.summary()}")
+    assert result.ok, result.problems[:5]
+    assert run.victim.starts == 2
+    assert result.versions_checked >= SOURCE_VERSIONS // 2, "the view was written step by step"
+    assert run.upper_at_kill is not None and run.upper_at_kill < run.final_upper, "the kill came before the end"
+    writers = {replica for _, _, reason, replica in result.commits if reason != "advance-upper"}
+    assert writers == {"r0", "r1"}, f"only {writers} won commits that wrote updates"
+    # Three applications (two replicas, one restart), each with one core on the cluster, all over.
+    assert sorted(a["name"] for a in apps) == sorted(["mvsink-r0", "mvsink-r1", f"mvsink-{run.victim.replica_id}"])
+    assert apps_running == {"mvsink-r0": 1, "mvsink-r1": 1}
+    # Each ran Python tasks (the Python function, staging) on its executor, on a worker: a
+    # standalone driver runs no tasks itself.
+    for app in apps:
+        assert python_tasks_ran(cluster, app["id"]), f"{app['name']} ({app['id']}) ran no Python task"
