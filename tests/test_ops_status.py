@@ -80,7 +80,7 @@ def test_hydration_progress_and_status_from_the_table(spark, tmp_path):
         assert after["mvsink_hydrations_total"] == 1 and after["mvsink_hydration_last_rows"] == ROWS
         assert after["mvsink_hydration_last_seconds"] >= 0.05 * ROWS / 2, "two cores at most"
         logs = job.logs()
-        assert "hydration started at time 0" in logs and f"hydration done: {ROWS} rows in " in logs
+        assert "hydration started at time 0" in logs and f"hydration done: {ROWS} updates to write in " in logs
 
         wait_for(lambda: caught_up(tgt, VIEW), timeout=300, what="the first commits", watch=(job,))
         foreign = latest_version(tgt) + 1  # the sources are idle: the job commits nothing before

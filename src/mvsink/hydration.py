@@ -3,7 +3,8 @@
 A hydration reads a view whole: its contents at one time and the whole table on the persisted
 side (the first step of a replica, or the step after a lost read-back). It runs in the stepping
 thread from :meth:`Hydration.start` to :meth:`Hydration.finish` (or :meth:`Hydration.abort` when
-the step fails); the job log says when it starts and ends, with rows and seconds.
+the step fails); the job log says when it starts and ends, with the updates it left to write
+(the view's rows, into an empty table) and seconds.
 
 Invariants: :attr:`Hydration.started_at` is set exactly while a hydration runs; ``last_rows``
 and ``last_seconds`` describe the last finished one. The Spark jobs the hydration
@@ -59,7 +60,7 @@ class Hydration:
         seconds = self.elapsed()
         self._end()
         self.last_rows, self.last_seconds = rows, seconds
-        log.info("view %s: hydration done: %d rows in %.1fs", self.view_id, rows, seconds)
+        log.info("view %s: hydration done: %d updates to write in %.1fs", self.view_id, rows, seconds)
 
     def abort(self, exc: BaseException) -> None:
         """The step running the hydration failed; the next step hydrates again."""

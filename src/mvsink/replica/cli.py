@@ -164,7 +164,7 @@ def _hydration(view: dict) -> str:
         return (f"hydrating since {started:%H:%M:%S} UTC ({view['hydration_seconds']:.0f}s"
                 + (f", {tasks[0]}/{tasks[1]} tasks" if tasks and tasks[1] else "") + ")")
     if view["hydrated"]:
-        return (f"hydrated ({view['hydration_rows']} rows in {view['hydration_seconds']:.1f}s)"
+        return (f"hydrated ({view['hydration_rows']} updates to write, in {view['hydration_seconds']:.1f}s)"
                 if view.get("hydration_seconds") else "hydrated")
     return "not hydrated yet"
 
