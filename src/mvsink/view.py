@@ -164,6 +164,9 @@ def resolve_function(spec: str, base_dir: Path | None = None) -> Callable:
             path = base_dir / path
         sys.path.insert(0, str(path.parent.absolute()))
         module_name = path.stem
+        loaded = sys.modules.get(module_name)
+        if loaded is not None and Path(getattr(loaded, "__file__", None) or "").resolve() != path.resolve():
+            del sys.modules[module_name]  # a file of the same name elsewhere: import this one
     elif base_dir is not None and str(base_dir) not in sys.path:
         sys.path.insert(0, str(base_dir))
     try:
