@@ -36,6 +36,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def fingerprint(df, columns: list[str]):
+    """An order-independent hash and the count of ``df``'s rows over ``columns``."""
+    from pyspark.sql import functions as F
+
+    return df.select(F.sum(F.pmod(F.xxhash64(*columns), F.lit(2**31 - 1))).alias("h"),
+                     F.count("*").alias("n")).first()
+
+
 def machine() -> str:
     cpu = "unknown cpu"
     try:
@@ -129,12 +137,8 @@ def main() -> int:
 
     from mvsink.read import read_view
 
-    def fingerprint(df):
-        return df.select(F.sum(F.pmod(F.xxhash64(*columns), F.lit(2**31 - 1))).alias("h"),
-                         F.count("*").alias("n")).first()
-
-    same = fingerprint(read_view(spark, view_target, "bench")) == fingerprint(
-        spark.read.format("delta").load(merge_target))
+    same = fingerprint(read_view(spark, view_target, "bench"), columns) == fingerprint(
+        spark.read.format("delta").load(merge_target), columns)
 
     def line(name, times, rows):
         return (f"{name:7} p50 {percentile(times, 0.5):6.2f}s  p95 {percentile(times, 0.95):6.2f}s  "

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import time
 
-from bench_sink import machine, percentile
+from bench_sink import fingerprint, machine, percentile
 
 QUERIES = {
     "identity": ("SELECT id, customer, amount, note FROM source", ("id",)),
@@ -112,14 +112,10 @@ def main() -> int:
         print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rounds.items()), flush=True)
     spent = {p: s - phases_before.get(p, 0.0) for p, s in view.metrics.phase_seconds.items()}
 
-    def fingerprint(df):
-        return df.select(F.sum(F.pmod(F.xxhash64(*columns), F.lit(2**31 - 1))).alias("h"),
-                         F.count("*").alias("n")).first()
-
-    prints = {"mvsink": fingerprint(read_view(spark, paths["view"], definition.view_id)),
-              "overwrite": fingerprint(spark.read.format("delta").load(paths["overwrite"])),
-              "MERGE": fingerprint(spark.read.format("delta").load(paths["merge"])),
-              "query": fingerprint(query())}
+    prints = {"mvsink": fingerprint(read_view(spark, paths["view"], definition.view_id), columns),
+              "overwrite": fingerprint(spark.read.format("delta").load(paths["overwrite"]), columns),
+              "MERGE": fingerprint(spark.read.format("delta").load(paths["merge"]), columns),
+              "query": fingerprint(query(), columns)}
     same = len(set(prints.values())) == 1
     view_rows = prints["query"]["n"]
 

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from bench_sink import machine, percentile
+from bench_sink import fingerprint, machine, percentile
 
 SQL = "SELECT o.id, o.amount, c.name, c.segment FROM orders o JOIN customers c ON o.customer = c.id"
 COLUMNS = ["id", "amount", "name", "segment"]
@@ -138,15 +138,11 @@ def main() -> int:
           + ", ".join(f"{k} {v:.2f}s" for k, v in catch_up.items()) + f"; mvsink minted {minted} time(s); "
           f"one time per commit: {sum(per_commit_seconds):.2f}s", flush=True)
 
-    def fingerprint(df):
-        return df.select(F.sum(F.pmod(F.xxhash64(*COLUMNS), F.lit(2**31 - 1))).alias("h"),
-                         F.count("*").alias("n")).first()
-
-    prints = {"mvsink": fingerprint(read_view(spark, paths["view"], definition.view_id)),
-              "overwrite": fingerprint(spark.read.format("delta").load(paths["overwrite"])),
-              "MERGE": fingerprint(spark.read.format("delta").load(paths["merge"])),
-              "per commit": fingerprint(read_view(spark, paths["per_commit"], "per_commit")),
-              "query": fingerprint(query())}
+    prints = {"mvsink": fingerprint(read_view(spark, paths["view"], definition.view_id), COLUMNS),
+              "overwrite": fingerprint(spark.read.format("delta").load(paths["overwrite"]), COLUMNS),
+              "MERGE": fingerprint(spark.read.format("delta").load(paths["merge"]), COLUMNS),
+              "per commit": fingerprint(read_view(spark, paths["per_commit"], "per_commit"), COLUMNS),
+              "query": fingerprint(query(), COLUMNS)}
     same = len(set(prints.values())) == 1
 
     print("\n=== a join view on a timeline vs recompute + overwrite vs MERGE ... NOT MATCHED BY SOURCE DELETE ===")
