@@ -378,6 +378,16 @@ def s3_server_fixture(tmp_path_factory):
                 os.environ[key] = value
 
 
+def log_history(target: str) -> list[dict]:
+    """The commit infos of ``target``, newest first, each with the ``version`` of its own log file.
+
+    Not ``DeltaTable.history()``: delta-rs lists every commit on storage but numbers them down from
+    the version it loaded, so a commit that lands in between shifts every number by one."""
+    from mvsink.table import commit_info, latest_version
+
+    return [dict(commit_info(target, v), version=v) for v in range(latest_version(target), -1, -1)]
+
+
 def s3_table(uri: str):
     """The Delta table at ``uri`` (s3:// or s3a://) through delta-rs."""
     from deltalake import DeltaTable

@@ -13,9 +13,7 @@ import subprocess
 import sys
 import textwrap
 
-from deltalake import DeltaTable
-
-from helpers import ROOT, Replica, create_source, insert, view_upper_of, wait_for, write_config
+from helpers import ROOT, Replica, create_source, insert, log_history, view_upper_of, wait_for, write_config
 from mvsink.check import caught_up, check_table, expected_from_source
 from mvsink.replica.controller import Controller
 
@@ -72,7 +70,7 @@ def test_blue_green_cutover_to_a_changed_definition(spark, tmp_path):
         peeked = mvsink("--replica", green.address, "peek", VIEW, "--where", "id = 6")
         assert "V6" in peeked
 
-        history = [h for h in reversed(DeltaTable(tgt).history()) if h.get("mvsink.view") == VIEW]
+        history = [h for h in reversed(log_history(tgt)) if h.get("mvsink.view") == VIEW]
         writers = [h["mvsink.replica"] for h in history]
         first_green = writers.index("green")
         assert "blue" not in writers[first_green:], "blue wrote after the cutover"

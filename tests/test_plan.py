@@ -15,9 +15,8 @@ from collections import Counter
 from urllib.parse import unquote
 
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
-from helpers import ROOT, Replica, create_source, view_upper_of, wait_for, write_config
+from helpers import ROOT, Replica, create_source, log_history, view_upper_of, wait_for, write_config
 from mvsink.check import caught_up
 from mvsink.replica.controller import Controller
 from mvsink.table import latest_version, log_actions
@@ -34,7 +33,7 @@ def mvsink(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
 
 
 def commits_by(target: str, replica: str) -> list[dict]:
-    return [h for h in DeltaTable(target).history() if h.get("mvsink.replica") == replica]
+    return [h for h in log_history(target) if h.get("mvsink.replica") == replica]
 
 
 def written_updates(target: str, version: int) -> Counter:
