@@ -96,6 +96,8 @@ def main() -> int:
         fn()
         return time.monotonic() - started
 
+    # The query run once first, so that the source's log replay and the page cache serve all alike.
+    query().write.format("noop").mode("overwrite").save()
     hydration = {"mvsink": timed(view.run_until_caught_up), "overwrite": timed(overwrite),
                  "MERGE": timed(lambda: query().write.format("delta").save(paths["merge"]))}
     print("initial load: " + ", ".join(f"{k} {v:.1f}s" for k, v in hydration.items()), flush=True)
