@@ -94,8 +94,11 @@ def main() -> int:
          .write.format("delta").option("delta.enableChangeDataFeed", "true")
          .option("delta.enableDeletionVectors", "false").save(path))
 
+    def first_version(path):
+        return spark.read.format("delta").option("versionAsOf", 0).load(path)
+
     def copy(path, target):
-        spark.read.format("delta").option("versionAsOf", 0).load(path).write.format("delta").save(target)
+        first_version(path).write.format("delta").save(target)
 
     build(source, args.rows)
     # Both initial loads once on a small table first, so that neither pays for warming the JVM up.
@@ -105,7 +108,7 @@ def main() -> int:
                                            replica_id="bench")).run_until_caught_up()
     copy(warm, warm + "-copy")
     # And the source read once, so that its log replay and the page cache serve both alike.
-    spark.read.format("delta").option("versionAsOf", 0).load(source).write.format("noop").mode("overwrite").save()
+    first_version(source).write.format("noop").mode("overwrite").save()
 
     view = MaterializedView(spark, ViewDefinition("bench", view_target, ChangesInput(source), key=("id",),
                                                   replica_id="bench"))
