@@ -82,7 +82,11 @@ def test_a_plain_delta_spark_target_with_the_change_data_feed_is_taken(spark, tm
 
 def _caught_up_view(spark, tmp_path) -> tuple[str, str, MaterializedView]:
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
-    create_source(spark, src, [(1, "a"), (2, "b")])
+    create_source(spark, src)
+    # One source file: the hydration stages one target file, so a DELETE of one row keeps the
+    # file and writes a deletion vector.
+    spark.createDataFrame([(1, "a"), (2, "b")], "id BIGINT, v STRING").coalesce(1).write.format(
+        "delta").mode("append").save(src)
     mv = MaterializedView(spark, _view(src, tgt))
     mv.run_until_caught_up()
     insert(spark, src, [(3, "c")])

@@ -7,10 +7,12 @@ from collections import Counter
 
 from deltalake import write_deltalake
 import pyarrow as pa
+import pytest
 
 from helpers import create_source, insert
 from mvsink import ChangesInput, MaterializedView, SnapshotInput, ViewDefinition, read_view
 from mvsink import append as append_module
+from mvsink import sink as sink_module
 from mvsink.check import check_table, expected_from_source
 from mvsink.metrics import render
 from mvsink.step_profile import PHASES
@@ -93,3 +95,33 @@ def test_snapshot_differences_keep_multiplicities(spark, tmp_path):
     seen = [Counter(tuple(r) for r in read_view(spark, tgt, "bag", t).collect()) for t in range(upper)]
     assert seen[0] == expected[0] and seen[-1] == expected[-1]
     assert expected[1] in seen
+
+
+@pytest.mark.parametrize("rows, unique", [
+    ([(1, "a"), (2, "b"), (3, "c"), (None, "no key")], True),        # one error row: still unique
+    ([(1, "a"), (1, "b"), (2, "c")], False),                           # a key twice
+    ([(1, "a"), (1, "a"), (2, "c")], False),                           # a row twice: consolidate it
+    ([(1, "a"), (None, "x"), (None, "y")], False),                     # two error rows
+])
+def test_hydration_holds_a_snapshot_unique_by_key_as_it_is(spark, tmp_path, monkeypatch, rows, unique):
+    """Hydrating into an empty table: a snapshot with one row per key becomes the buffer without
+    consolidation or key check, and commits exactly what the full fold and key check commit."""
+    src = str(tmp_path / "src")
+    create_source(spark, src, rows)
+
+    def hydrate(name: str) -> tuple[Counter, dict]:
+        tgt = str(tmp_path / name)
+        mv = MaterializedView(spark, ViewDefinition(name, tgt, ChangesInput(src), key=("id",), replica_id="r1"))
+        report = mv.step()
+        assert report.appended and mv.correction.size == 0, report
+        rows = spark.read.format("delta").load(tgt).collect()
+        return Counter(tuple(r.asDict().items()) for r in rows), report.spark_jobs
+
+    fast, fast_jobs = hydrate("fast")
+    monkeypatch.setattr(sink_module, "unique_keys", lambda updates, key: (updates.count(), False))
+    full, full_jobs = hydrate("full")
+    assert fast == full
+    assert (fast_jobs["correction"] == 0) == unique, fast_jobs  # the fold ran only if not unique
+    assert full_jobs["correction"] >= 1
+    errors = [dict(r)["_mv_error"] for r in fast if dict(r)["_mv_error"]]
+    assert any(e.startswith("duplicate key") for e in errors) == (not unique and rows[1][0] is not None), errors

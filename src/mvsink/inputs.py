@@ -117,6 +117,12 @@ class Desired:
     def snapshot(self, time: int) -> DataFrame:
         raise NotImplementedError
 
+    @property
+    def snapshot_is_stored(self) -> bool:
+        """Whether reading a :meth:`snapshot` again only reads stored rows (a pinned Delta
+        version, a checkpoint) and runs no user code: it may then be read twice instead of kept."""
+        raise NotImplementedError
+
     def changes(self, lo: int, hi: int) -> DataFrame | None:
         """The updates at times `[lo, hi]`, materialized (a failed read shows here, not later)."""
         raise NotImplementedError
@@ -163,6 +169,10 @@ class ChangesDesired(Desired):
 
     def snapshot(self, time: int) -> DataFrame:
         return self._rows_at(self.timeline.versions(time)[self.name], time, 1)
+
+    @property
+    def snapshot_is_stored(self) -> bool:
+        return self.input.map_row is None
 
     def changes(self, lo: int, hi: int) -> DataFrame | None:
         """The change feed between the versions of times `lo - 1` and `hi`; None if none."""
@@ -301,6 +311,10 @@ class SnapshotDesired(Desired):
     def snapshot(self, time: int) -> DataFrame:
         self._remember(time, self._contents(self.timeline.versions(time)).select(*self.user_schema.names))
         return self._finish(self._as_updates(self._previous, time, 1))
+
+    @property
+    def snapshot_is_stored(self) -> bool:
+        return True  # the query's result is checkpointed (_remember)
 
     def changes(self, lo: int, hi: int) -> DataFrame | None:
         """One evaluation per time in `[lo, hi]` whose versions differ from the time before."""

@@ -66,6 +66,20 @@ def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched:
     return wanted.unionByName(negate(key_errors)).select(*columns)
 
 
+def unique_keys(updates: DataFrame, key: tuple[str, ...]) -> tuple[int, bool]:
+    """How many ``updates`` there are, and whether each key (nulls equal to nulls) has exactly
+    one of them, with diff 1: one Spark job, shuffling the key columns only.
+
+    If so, the updates are consolidated (two equal rows share a key) and, at a single time, no
+    key has more than one row and none has a negative count: no key violation and nothing to
+    consolidate (error rows leave the key columns null, so two of them share the null key).
+    """
+    per_key = updates.groupBy(*key).agg(
+        F.count(F.lit(1)).alias("_mv_n"), F.max(F.col(DIFF) != 1).alias("_mv_odd"))
+    total, most, odd = per_key.agg(F.sum("_mv_n"), F.max("_mv_n"), F.max("_mv_odd")).first()
+    return total or 0, not total or (most == 1 and not odd)
+
+
 def _error_updates(frame: DataFrame, message: str, diff: int, keys: list[str], types: dict) -> DataFrame:
     user = [c for c in types if c not in (ERROR, TIME, DIFF)]
     cols = [F.col(c) if c in keys else F.lit(None).cast(types[c]).alias(c) for c in user]

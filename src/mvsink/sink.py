@@ -56,7 +56,7 @@ from mvsink.correction import CorrectionBuffer
 from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.hydration import Hydration
 from mvsink.inputs import desired_for
-from mvsink.key_check import key_error_corrections
+from mvsink.key_check import key_error_corrections, unique_keys
 from mvsink.metrics import ViewMetrics
 from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
@@ -352,6 +352,11 @@ class MaterializedView:
         """Fold ``changes`` into the buffer and recheck the keys ``desired`` touched (every key
         when ``hydrated``: the buffer was empty and ``desired`` is the view's whole contents)."""
         since = max(self.view.as_of, persisted.upper)
+        if hydrated and persisted.updates is None and self.view.key and self.correction.size == 0:
+            snapshot = self._hold_if_unique(desired, since)
+            if snapshot is None:
+                return
+            changes = [snapshot]  # materialized now: consolidate it and check every key
         try:
             with self._profile.phase("correction"):
                 self.correction.apply(changes, since)
@@ -363,6 +368,23 @@ class MaterializedView:
         if desired is not None and self.view.key:
             with self._profile.phase("key_check"):
                 self._check_keys(persisted.version, None if hydrated else desired, since)
+
+    def _hold_if_unique(self, snapshot: DataFrame, since: int) -> DataFrame | None:
+        """Hydrating into a table with no rows. If every key of the snapshot has one row, the
+        snapshot is the consolidated buffer with no key violation: the buffer holds it as it is
+        and None is returned (one Spark job, on the key columns, instead of two shuffles of the
+        view). A snapshot that runs user code to read is materialized by that job; a stored one
+        is read again by the staging instead (a copy's cost: one read, one write). Otherwise the
+        snapshot is returned, materialized, for the caller to fold and key-check."""
+        with self._profile.phase("key_check"):
+            held = advance_times(snapshot.select(*self.schema.names), since)
+            if not self.desired.snapshot_is_stored:
+                held = held.localCheckpoint(eager=False)  # materialized by the check
+            size, unique = unique_keys(held, self.view.key)
+        if not unique:
+            return held.localCheckpoint(eager=True) if self.desired.snapshot_is_stored else held
+        self.correction.hold(held, size, since)
+        return None
 
     def _check_keys(self, table_version: int, desired: DataFrame | None, since: int) -> None:
         """Recompute key violations where a key's row count may have changed (everywhere if
@@ -389,7 +411,11 @@ class MaterializedView:
         else:
             persisted = self.spark.createDataFrame([], self.schema)
         fix = key_error_corrections(persisted, self.correction.updates, touched, self.view.key, since)
-        self.correction.apply([fix], since)
+        # Materialized apart (small: errors only), so that a view without violations, the common
+        # case, does not fold and re-checkpoint the whole buffer for nothing.
+        fix = fix.localCheckpoint(eager=False)
+        if fix.count():  # the job that materializes it
+            self.correction.apply([fix], since)
 
     def _forget(self) -> None:
         """Drop all state; the next reconcile hydrates from scratch."""

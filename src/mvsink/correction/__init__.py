@@ -12,7 +12,9 @@ Invariants:
   before it are advanced to it, which keeps the contents at every time >= since unchanged.
 * Consolidated: no two updates with the same row and time, no zero diff.
 * Never on the driver: the contents live in Spark's block manager (a local checkpoint, which also
-  cuts the lineage each step); only counts reach the driver.
+  cuts the lineage each step); only counts reach the driver. One exception, from a hydration into
+  an empty table until the next fold: the buffer may be a stored snapshot read again where used
+  (:meth:`hold`).
 * :attr:`size` is the number of updates when known (a fold counts them in the job that
   materializes them); folding nothing at an unchanged since runs no Spark job.
 """
@@ -56,6 +58,14 @@ class CorrectionBuffer:
         self._steps += 1
         if self._steps % _GC_EVERY == 0:
             self.spark.sparkContext._jvm.System.gc()
+
+    def hold(self, updates: DataFrame, size: int, since: int) -> None:
+        """Take ``updates`` (``size`` of them, consolidated, times at or after ``since``;
+        materialized or a stored snapshot) as the whole buffer, instead of an empty one: a
+        hydration into an empty table whose contents were found consolidated
+        (:func:`mvsink.key_check.unique_keys`)."""
+        assert self.size == 0, "only an empty buffer is replaced"
+        self.updates, self.size, self.since = updates, size, max(self.since, since)
 
     def drop_written(self, upper: int, written: int | None) -> None:
         """The buffer after the table took its updates below ``upper`` as they are (a won append
