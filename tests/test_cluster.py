@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,7 @@ SPARK_HOME = Path(_find_spark_home())
 
 SOURCE_VERSIONS = 10
 WORKERS = 2
+PYTHON_TASK_TIMES = re.compile(r"INFO \S+: Times: total = \d+, boot = ")
 
 TRANSFORM = '''
 def tag(row):
@@ -101,8 +103,10 @@ def active_apps(cluster: Cluster, name: str) -> list[str]:
 
 
 def python_tasks_ran(cluster: Cluster, app_id: str) -> bool:
-    """Whether an executor of ``app_id`` finished a Python task (its log has PythonRunner's times)."""
-    return any("PythonRunner: Times" in log.read_text() for log in cluster.work.glob(f"worker-*/{app_id}/*/stderr"))
+    """Whether an executor of ``app_id`` finished a Python task: its log has a Python runner's
+    times (``Times: total = ..., boot = ...``), logged by whichever Spark class ran the Python
+    worker (``PythonRunner`` for RDD and UDF tasks, ``MapInBatchEvaluator...`` for ``mapInArrow``)."""
+    return any(PYTHON_TASK_TIMES.search(log.read_text()) for log in cluster.work.glob(f"worker-*/{app_id}/*/stderr"))
 
 
 def _answers(cluster: Cluster, master: subprocess.Popen, log: Path) -> bool:
