@@ -14,12 +14,17 @@ updates at the same times:
   a view without ``map_row``, stops the view with a :class:`SourceChangesLost` or
   :class:`SourceSchemaChanged` naming the versions.
 * :class:`SnapshotDesired`: ``snapshot(t)`` is the query over the sources at time `t`'s versions;
-  ``changes(lo, hi)`` evaluates it once per time whose versions differ from the time before
-  (a time that repeats them, a repair time, has no changes) and emits where consecutive results
-  differ: the new result at +1 and the last at -1, consolidated (each distinct row's count
-  difference, exactly a multiset difference both ways, in one shuffle). It keeps the last result
-  in Spark (a local checkpoint, which spills to disk), never on the driver. SQL runs in a session of the view's own, where the
-  sources are registered under their names, so views never see each other's sources.
+  ``changes(lo, hi)`` has updates at each time whose versions differ from the time before (a time
+  that repeats them, a repair time, has none). A *row-wise* query (projections and filters of one
+  source with the change data feed on, :mod:`mvsink.row_wise`) is applied to the source's change
+  feed: the work follows the change and no result is kept. Any other query is evaluated once
+  per such time, emitting where consecutive results differ: the new result at +1 and the last at
+  -1, consolidated (each distinct row's count difference, exactly a multiset difference both
+  ways, in one shuffle); the last result is kept in Spark (a local checkpoint, which spills to
+  disk), never on the driver. A row-wise view whose feed cannot be read for a range is
+  evaluated that way too, from the result before the range. SQL runs in a session of the view's
+  own, where the sources are registered under their names, so views never see each other's
+  sources.
 
 Both add row-level errors (:mod:`mvsink.row_errors`). Source versions come from listing their
 ``_delta_log`` (:mod:`mvsink.table`), which needs no Spark job.
@@ -35,6 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mvsink.row_errors import map_rows, null_key_errors
+from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise
 from mvsink.table import latest_version, spark_uri
 from mvsink.timeline import Timeline
 from mvsink.updates import DIFF, ERROR, TIME, consolidate, table_schema
@@ -64,6 +70,28 @@ def _unreadable(exc: Exception) -> str | None:
         return None
     start = text.find("[")
     return text[start if start >= 0 else 0:].splitlines()[0][:300]
+
+
+def change_feed(spark: SparkSession, path: str, spans: list[tuple[int, int, int]], first: int,
+                last: int) -> DataFrame:
+    """The change data feed of the Delta table at ``path``, versions ``first`` to ``last``, as
+    updates: the table's columns, each change's time (the span ``(time, first version, last
+    version)`` holding its commit) and diff (+1 inserted or post-image, -1 deleted or pre-image)."""
+    feed = (
+        spark.read.format("delta").option("readChangeFeed", "true")
+        .option("startingVersion", first).option("endingVersion", last).load(spark_uri(path))
+    )
+    # Each commit's time, as an expression over the spans (few: one per time), not a join.
+    time_of_commit = F.lit(None).cast("long")
+    for time, first_version, last_version in reversed(spans):
+        time_of_commit = F.when(F.col("_commit_version").between(first_version, last_version),
+                                F.lit(time)).otherwise(time_of_commit)
+    diff = (
+        F.when(F.col("_change_type").isin("insert", "update_postimage"), F.lit(1))
+        .when(F.col("_change_type").isin("delete", "update_preimage"), F.lit(-1))
+    )
+    source_cols = [c for c in feed.columns if c not in _CDF_COLUMNS]
+    return feed.select(*source_cols, time_of_commit.cast("long").alias(TIME), diff.cast("long").alias(DIFF))
 
 
 class Desired:
@@ -107,6 +135,11 @@ class Desired:
         reader = (spark or self.spark).read.format("delta").option("versionAsOf", version)
         return reader.load(spark_uri(self.sources[name]))
 
+    def _change_feed_enabled(self, name: str) -> bool:
+        """Whether source ``name`` has the change data feed on (its newest version's property)."""
+        rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.`{spark_uri(self.sources[name])}`").collect()
+        return {r.key: r.value for r in rows}.get("delta.enableChangeDataFeed", "false").lower() == "true"
+
     def _finish(self, updates: DataFrame) -> DataFrame:
         """Updates in the table schema, with null-key rows turned into errors."""
         return null_key_errors(updates, self.view.key).select(*self.schema.names)
@@ -135,16 +168,11 @@ class ChangesDesired(Desired):
         self.source = view.input.source
         self.name = next(n for n, p in view.sources.items() if p == self.source)
         super().__init__(spark, view, timeline)
-        properties = self._source_properties()
-        if properties.get("delta.enableChangeDataFeed", "false").lower() != "true":
+        if not self._change_feed_enabled(self.name):
             raise ConfigError(
                 f"source {self.source} does not have the change data feed enabled; run "
                 f"ALTER TABLE delta.`{self.source}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)"
             )
-
-    def _source_properties(self) -> dict[str, str]:
-        rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.`{spark_uri(self.source)}`").collect()
-        return {r.key: r.value for r in rows}
 
     def _source_schema(self) -> T.StructType:
         return self.read_source(self.name, self.schema_versions()[self.name]).schema
@@ -198,24 +226,7 @@ class ChangesDesired(Desired):
         return self._snapshot_changes(spans, first - 1, reason)
 
     def _feed_changes(self, spans: list[tuple[int, int, int]], first: int, last: int) -> DataFrame:
-        feed = (
-            self.spark.read.format("delta").option("readChangeFeed", "true")
-            .option("startingVersion", first).option("endingVersion", last).load(spark_uri(self.source))
-        )
-        # Each commit's time, as an expression over the spans (few: one per time), not a join.
-        time_of_commit = F.lit(None).cast("long")
-        for time, first_version, last_version in reversed(spans):
-            time_of_commit = F.when(F.col("_commit_version").between(first_version, last_version),
-                                    F.lit(time)).otherwise(time_of_commit)
-        diff = (
-            F.when(F.col("_change_type").isin("insert", "update_postimage"), F.lit(1))
-            .when(F.col("_change_type").isin("delete", "update_preimage"), F.lit(-1))
-        )
-        source_cols = [c for c in feed.columns if c not in _CDF_COLUMNS]
-        updates = feed.select(
-            *source_cols, time_of_commit.cast("long").alias(TIME), diff.cast("long").alias(DIFF)
-        )
-        return self._to_view(updates)
+        return self._to_view(change_feed(self.spark, self.source, spans, first, last))
 
     def _snapshot_changes(self, spans: list[tuple[int, int, int]], before: int, feed_error: str) -> DataFrame:
         """The changes at each span's time as the difference of the source's snapshots at the
@@ -264,22 +275,39 @@ class SnapshotDesired(Desired):
         self._previous: DataFrame | None = None
         self._previous_time: int | None = None
         self._sql_session: SparkSession | None = None
-        super().__init__(spark, view, timeline)
+        #: Whether the changes are the query over the source's change feed (:mod:`mvsink.row_wise`).
+        self.row_wise = False
+        super().__init__(spark, view, timeline)  # sets row_wise from the query's plan (_user_schema)
+        self.row_wise = (self.row_wise and len(self.sources) == 1
+                         and self._change_feed_enabled(next(iter(self.sources))))
+        log.info("view %r: %s", view.view_id,
+                 "its query is row-wise: its changes are the query over the source's change feed"
+                 if self.row_wise else "its query is evaluated in full at each time")
+
+    def _session(self) -> SparkSession:
+        """The session the query runs in: for SQL, one of the view's own (its sources' names)."""
+        if self.input.sql is None:
+            return self.spark
+        if self._sql_session is None:
+            self._sql_session = self.spark.newSession()
+        return self._sql_session
 
     def _contents(self, versions: dict[str, int]) -> DataFrame:
+        return self._query({n: self.read_source(n, versions[n], self._session()) for n in self.sources})
+
+    def _query(self, sources: dict[str, DataFrame]) -> DataFrame:
+        """The query over ``sources`` (name -> rows, in :meth:`_session`)."""
         where = f"view {self.view.view_id!r}"
         try:
             if self.input.sql is not None:
-                if self._sql_session is None:
-                    self._sql_session = self.spark.newSession()
-                for name in self.sources:
-                    self.read_source(name, versions[name], self._sql_session).createOrReplaceTempView(name)
+                for name, rows in sources.items():
+                    rows.createOrReplaceTempView(name)
                 result = self._sql_session.sql(self.input.sql)
             elif self.input.source is not None:
-                (name,) = self.sources  # one unnamed source: the function takes it alone
-                result = self.input.query(self.read_source(name, versions[name]))
+                (rows,) = sources.values()  # one unnamed source: the function takes it alone
+                result = self.input.query(rows)
             else:
-                result = self.input.query(**{n: self.read_source(n, versions[n]) for n in self.sources})
+                result = self.input.query(**sources)
         except ParseException as exc:
             raise ConfigError(f"{where}: its SQL does not parse: {_first_line(exc)}") from None
         except AnalysisException as exc:
@@ -296,7 +324,9 @@ class SnapshotDesired(Desired):
         return result
 
     def _user_schema(self) -> T.StructType:
-        return self._contents(self.schema_versions()).schema
+        result = self._contents(self.schema_versions())
+        self.row_wise = is_row_wise(result, TABLE_SCAN)
+        return result.schema
 
     def _remember(self, time: int, contents: DataFrame) -> None:
         self._previous = contents.localCheckpoint(eager=True)
@@ -309,33 +339,78 @@ class SnapshotDesired(Desired):
         )
 
     def snapshot(self, time: int) -> DataFrame:
-        self._remember(time, self._contents(self.timeline.versions(time)).select(*self.user_schema.names))
-        return self._finish(self._as_updates(self._previous, time, 1))
+        contents = self._contents(self.timeline.versions(time)).select(*self.user_schema.names)
+        if not self.row_wise:  # kept: the next changes are the difference to it
+            self._remember(time, contents)
+            contents = self._previous
+        return self._finish(self._as_updates(contents, time, 1))
 
     @property
     def snapshot_is_stored(self) -> bool:
-        return True  # the query's result is checkpointed (_remember)
+        return True  # a row-wise query over pinned versions, or the query's checkpointed result
 
     def changes(self, lo: int, hi: int) -> DataFrame | None:
-        """One evaluation per time in `[lo, hi]` whose versions differ from the time before."""
-        if self._previous_time is None or self._previous_time >= lo:
-            raise RuntimeError(f"snapshot input asked for changes from {lo} after evaluating "
-                               f"{self._previous_time}")
+        """The updates at each time in `[lo, hi]` whose versions differ from the time before."""
+        spans = [t for t in range(lo, hi + 1) if self.timeline.versions(t) != self.timeline.versions(t - 1)]
+        if not spans:
+            return None
+        if self.row_wise:
+            try:
+                return self._row_wise_changes(spans)
+            except Exception as exc:
+                reason = _unreadable(exc)
+                if reason is None:
+                    raise
+            log.warning("view %r: the change data feed of its source cannot be read for times %d..%d "
+                        "(%s); evaluating the query at each time instead", self.view.view_id, lo, hi, reason)
+        return self._recomputed_changes(spans)
+
+    def _row_wise_changes(self, times: list[int]) -> DataFrame:
+        """The query over the source's change feed: per time, over the inserted rows at +1 and
+        over the deleted rows at -1 (see :mod:`mvsink.row_wise`)."""
+        (name,) = self.sources
+        spans = [(t, self.timeline.versions(t - 1)[name] + 1, self.timeline.versions(t)[name]) for t in times]
+        feed = change_feed(self._session(), self.sources[name], spans, spans[0][1], spans[-1][2])
+        feed = feed.localCheckpoint(eager=True)
         parts = []
-        for time in range(lo, hi + 1):
-            versions = self.timeline.versions(time)
-            if versions == self.timeline.versions(self._previous_time):
-                continue
+        for time in times:
+            for diff in (1, -1):
+                rows = feed.where((F.col(TIME) == time) & (F.col(DIFF) == diff)).drop(TIME, DIFF)
+                result = self._query({name: rows})
+                if not is_row_wise(result, HELD_ROWS):
+                    raise ConfigError(f"view {self.view.view_id!r}: its query reads more than the rows of "
+                                      f"its source {name} it is given")
+                parts.append(self._as_updates(result.select(*self.user_schema.names), time, diff))
+        return self._finish(_union(parts)).localCheckpoint(eager=True)
+
+    def _recomputed_changes(self, times: list[int]) -> DataFrame:
+        """One evaluation per time, the difference to the last result: the new result at +1 and
+        the last at -1, consolidated (each distinct row's count difference, exactly a multiset
+        difference both ways, in one shuffle)."""
+        if self._previous_time is None or self._previous_time >= times[0]:
+            if not self.row_wise:
+                raise RuntimeError(f"snapshot input asked for changes from {times[0]} after evaluating "
+                                   f"{self._previous_time}")
+            # Row-wise views keep no result: the one before, evaluated again at its versions.
+            before = times[0] - 1
+            self._remember(before, self._contents(self.timeline.versions(before)).select(*self.user_schema.names))
+        parts = []
+        for time in times:
             previous = self._previous
-            self._remember(time, self._contents(versions).select(*self.user_schema.names))
+            self._remember(time, self._contents(self.timeline.versions(time)).select(*self.user_schema.names))
             both = self._as_updates(self._previous, time, 1).unionByName(self._as_updates(previous, time, -1))
             parts.append(consolidate(both))
-        if not parts:
-            return None
-        updates = parts[0]
-        for part in parts[1:]:
-            updates = updates.unionByName(part)
-        return self._finish(updates).localCheckpoint(eager=True)
+        updates = self._finish(_union(parts)).localCheckpoint(eager=True)
+        if self.row_wise:
+            self._previous = self._previous_time = None
+        return updates
+
+
+def _union(frames: list[DataFrame]) -> DataFrame:
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return union
 
 
 def _first_line(exc: Exception) -> str:

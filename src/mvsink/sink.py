@@ -396,14 +396,13 @@ class MaterializedView:
         key = list(self.view.key)
         touched = None
         if desired is not None:
-            touched = (
+            changed = (
                 desired.where(F.col(ERROR).isNull()).dropna(subset=key)
                 .groupBy(*key, TIME).agg(F.sum(DIFF).alias("_mv_net")).where(F.col("_mv_net") != 0)
-                .select(*key).distinct()
             )
-            if touched.isEmpty():  # the common case (updates in place): one job
+            if changed.isEmpty():  # the common case (updates in place): one job, one shuffle
                 return
-            touched = touched.localCheckpoint(eager=True)
+            touched = changed.select(*key).distinct().localCheckpoint(eager=True)
         if table_version >= 0:
             table = self.spark.read.format("delta").option("versionAsOf", table_version).load(
                 spark_uri(self.view.target))

@@ -1,0 +1,41 @@
+"""Whether a snapshot view's query is *row-wise*: its result is each source row mapped on its own.
+
+A query is row-wise when its optimized logical plan is projections and filters (``Project``,
+``Filter``) over one scan of a Delta table, every expression deterministic, and no subquery
+anywhere (a scalar subquery reads the whole source, so a row's output would depend on others).
+Such a query ``Q`` maps a multiset of rows row by row, so it distributes over multiset sums:
+``Q(S + inserted - deleted) = Q(S) + Q(inserted) - Q(deleted)``. The view's changes between two
+source versions are then ``Q`` applied to the source's change data feed, inserted rows at +1 and
+deleted rows at -1: the work follows the change, and no earlier result needs to be kept.
+
+Anything else (aggregates, joins, distinct, limits, windows, Python UDFs, generators, ``rand()``)
+is not row-wise and is recomputed in full at each time (:class:`mvsink.inputs.SnapshotDesired`).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+
+#: Plan nodes that map one input row to at most one output row, on its own.
+ROW_WISE_NODES = frozenset({"Project", "Filter"})
+#: The plan node of a scan of a Delta table, and of rows held in Spark (a local checkpoint).
+TABLE_SCAN, HELD_ROWS = "LogicalRelation", "LogicalRDD"
+
+
+def is_row_wise(result: DataFrame, scan: str) -> bool:
+    """Whether ``result`` is row-wise (see the module doc) over one leaf, a ``scan`` node: the
+    query over a source (:data:`TABLE_SCAN`), or over rows held in Spark (:data:`HELD_ROWS`),
+    which shows that the query read the rows it was given and nothing else."""
+    plan = result._jdf.queryExecution().optimizedPlan()
+    if not plan.deterministic() or plan.containsPattern(_plan_expression_pattern(result)):
+        return False
+    node = plan
+    while node.nodeName() in ROW_WISE_NODES:
+        node = node.children().head()
+    return node.nodeName() == scan and node.children().isEmpty()
+
+
+def _plan_expression_pattern(result: DataFrame):
+    """Catalyst's tree pattern of an expression holding a plan (any subquery)."""
+    trees = result.sparkSession.sparkContext._jvm.org.apache.spark.sql.catalyst.trees
+    return getattr(getattr(trees, "TreePattern$"), "MODULE$").PLAN_EXPRESSION()
