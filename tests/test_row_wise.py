@@ -135,3 +135,22 @@ def test_a_row_wise_view_whose_feed_is_gone_is_recomputed_for_that_range(spark, 
         spark.read.format("delta").option("versionAsOf", timeline.version(time)).load(src) \
             .createOrReplaceTempView("src")
         assert _contents(spark, tgt, "v", time) == Counter(tuple(r) for r in spark.sql(QUERY).collect())
+
+
+def test_a_query_that_reads_its_source_itself_is_recomputed(spark, tmp_path):
+    """A query function that ignores the rows it is given (it reads the source table itself) looks
+    row-wise over the source but not over rows held in Spark: it is evaluated in full."""
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(i, "a", 1.0, None) for i in range(5)], SCHEMA)
+
+    def reads_the_table(source):
+        return source.sparkSession.read.format("delta").load(src).where("id > 1")
+
+    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(src, reads_the_table), key=("id",),
+                                                  replica_id="r1"))
+    assert not view.desired.row_wise
+    view.run_until_caught_up()
+    insert(spark, src, [(7, "b", 2.0, "new")])
+    view.run_until_caught_up()
+    expected = Counter(tuple(r) for r in reads_the_table(spark.read.format("delta").load(src)).collect())
+    assert _contents(spark, tgt, "v", view.observed_upper - 1) == expected
