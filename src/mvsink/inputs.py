@@ -33,6 +33,7 @@ Both add row-level errors (:mod:`mvsink.row_errors`). Source versions come from 
 from __future__ import annotations
 
 import logging
+from functools import reduce
 
 from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import DataFrame, SparkSession
@@ -235,9 +236,7 @@ class ChangesDesired(Desired):
         for time, _, version in spans:
             parts += [self._rows_at(previous, time, -1), self._rows_at(version, time, 1)]
             previous = version
-        updates = parts[0]
-        for part in parts[1:]:
-            updates = updates.unionByName(part)
+        updates = reduce(DataFrame.unionByName, parts)
         try:
             return updates.localCheckpoint(eager=True)
         except Exception as exc:
@@ -337,6 +336,10 @@ class SnapshotDesired(Desired):
         held = self.read_source(name, version, self._session()).limit(0).localCheckpoint(eager=True)
         return is_row_wise(self._query({name: held}), HELD_ROWS)
 
+    def _result_at(self, time: int) -> DataFrame:
+        """The query's result over the sources at ``time``'s versions, in the view's columns."""
+        return self._contents(self.timeline.versions(time)).select(*self.user_schema.names)
+
     def _remember(self, time: int, contents: DataFrame) -> None:
         self._previous = contents.localCheckpoint(eager=True)
         self._previous_time = time
@@ -348,7 +351,7 @@ class SnapshotDesired(Desired):
         )
 
     def snapshot(self, time: int) -> DataFrame:
-        contents = self._contents(self.timeline.versions(time)).select(*self.user_schema.names)
+        contents = self._result_at(time)
         if not self.row_wise:  # kept: the next changes are the difference to it
             self._remember(time, contents)
             contents = self._previous
@@ -360,12 +363,12 @@ class SnapshotDesired(Desired):
 
     def changes(self, lo: int, hi: int) -> DataFrame | None:
         """The updates at each time in `[lo, hi]` whose versions differ from the time before."""
-        spans = [t for t in range(lo, hi + 1) if self.timeline.versions(t) != self.timeline.versions(t - 1)]
-        if not spans:
+        times = [t for t in range(lo, hi + 1) if self.timeline.versions(t) != self.timeline.versions(t - 1)]
+        if not times:
             return None
         if self.row_wise:
             try:
-                return self._row_wise_changes(spans)
+                return self._row_wise_changes(times)
             except Exception as exc:
                 reason = _unreadable(exc)
                 if reason is None:
@@ -373,7 +376,7 @@ class SnapshotDesired(Desired):
                 log.warning("view %r: the change data feed of its source cannot be read for times %d..%d "
                             "(%s); evaluating the query at each time instead", self.view.view_id, lo, hi,
                             reason)
-        return self._recomputed_changes(spans)
+        return self._recomputed_changes(times)
 
     def _row_wise_changes(self, times: list[int]) -> DataFrame:
         """The query over the source's change feed: per time, over the inserted rows at +1 and
@@ -387,8 +390,8 @@ class SnapshotDesired(Desired):
             for diff in (1, -1):
                 rows = feed.where((F.col(TIME) == time) & (F.col(DIFF) == diff)).drop(TIME, DIFF)
                 result = self._query({name: rows})
-                parts.append(self._as_updates(result.select(*self.user_schema.names), time, diff))
-        return self._finish(_union(parts)).localCheckpoint(eager=True)
+                parts.append(self._as_updates(result, time, diff))
+        return self._finish(reduce(DataFrame.unionByName, parts)).localCheckpoint(eager=True)
 
     def _recomputed_changes(self, times: list[int]) -> DataFrame:
         """One evaluation per time, the difference to the last result: the new result at +1 and
@@ -399,24 +402,17 @@ class SnapshotDesired(Desired):
                                f"{self._previous_time}")
         if self._previous is None:  # none kept (row-wise until now): evaluated again at its versions
             before = times[0] - 1
-            self._remember(before, self._contents(self.timeline.versions(before)).select(*self.user_schema.names))
+            self._remember(before, self._result_at(before))
         parts = []
         for time in times:
             previous = self._previous
-            self._remember(time, self._contents(self.timeline.versions(time)).select(*self.user_schema.names))
+            self._remember(time, self._result_at(time))
             both = self._as_updates(self._previous, time, 1).unionByName(self._as_updates(previous, time, -1))
             parts.append(consolidate(both))
-        updates = self._finish(_union(parts)).localCheckpoint(eager=True)
+        updates = self._finish(reduce(DataFrame.unionByName, parts)).localCheckpoint(eager=True)
         if self.row_wise:
             self._previous = self._previous_time = None
         return updates
-
-
-def _union(frames: list[DataFrame]) -> DataFrame:
-    union = frames[0]
-    for frame in frames[1:]:
-        union = union.unionByName(frame)
-    return union
 
 
 def _first_line(exc: Exception) -> str:
