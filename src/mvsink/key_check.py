@@ -33,8 +33,9 @@ def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched:
     desired = advance_times(persisted.unionByName(corrections), since)
     if touched is not None:
         # A sort-merge join, which spills: a broadcast would route the touched keys through the
-        # driver, a hash join would hold one side's partition in memory whole.
-        desired = desired.join(touched.hint("merge"), on=keys, how="left_semi")
+        # driver, a hash join would hold one side's partition in memory whole. Its result (the
+        # touched keys' rows: few) is kept once for the two uses below, not joined twice.
+        desired = desired.join(touched.hint("merge"), on=keys, how="left_semi").localCheckpoint(eager=False)
     ok = desired.where(F.col(ERROR).isNull())
     key_errors = desired.where(F.col(ERROR).isNotNull() & _all_not_null(keys))
 

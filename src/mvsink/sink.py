@@ -60,10 +60,10 @@ from mvsink.key_check import key_error_corrections, unique_keys
 from mvsink.metrics import ViewMetrics
 from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
-from mvsink.table import latest_version, spark_uri
+from mvsink.table import latest_version
 from mvsink.target import create_target, validate_target
 from mvsink.timeline import (REASON_REPAIR_TIME, REASON_SOURCES, Timeline, TimeWentBackwards)
-from mvsink.updates import DIFF, ERROR, TIME, advance_times, consolidate, negate, normalize
+from mvsink.updates import DIFF, ERROR, TIME, advance_times, consolidate, negate
 from mvsink.view import ConfigError, ViewDefinition
 from mvsink.write import batch_updates, stage
 
@@ -367,7 +367,7 @@ class MaterializedView:
             raise
         if desired is not None and self.view.key:
             with self._profile.phase("key_check"):
-                self._check_keys(persisted.version, None if hydrated else desired, since)
+                self._check_keys(None if hydrated else desired, since)
 
     def _hold_if_unique(self, snapshot: DataFrame, since: int) -> DataFrame | None:
         """Hydrating into a table with no rows. If every key of the snapshot has one row, the
@@ -386,9 +386,10 @@ class MaterializedView:
         self.correction.hold(held, size, since)
         return None
 
-    def _check_keys(self, table_version: int, desired: DataFrame | None, since: int) -> None:
+    def _check_keys(self, desired: DataFrame | None, since: int) -> None:
         """Recompute key violations where a key's row count may have changed (everywhere if
-        ``desired`` is None).
+        ``desired`` is None). Desired contents are the buffer plus what it was reconciled with:
+        the table's files as the read-back last saw them.
 
         A key's count at a time changes only if its desired updates at that time do not sum to
         zero; an update that replaces a row (-old, +new) cannot create or end a violation.
@@ -403,13 +404,7 @@ class MaterializedView:
             if changed.isEmpty():  # the common case (updates in place): one job, one shuffle
                 return
             touched = changed.select(*key).distinct().localCheckpoint(eager=True)
-        if table_version >= 0:
-            table = self.spark.read.format("delta").option("versionAsOf", table_version).load(
-                spark_uri(self.view.target))
-            persisted = normalize(table, self.schema)
-        else:
-            persisted = self.spark.createDataFrame([], self.schema)
-        fix = key_error_corrections(persisted, self.correction.updates, touched, self.view.key, since)
+        fix = key_error_corrections(self.readback.contents(), self.correction.updates, touched, self.view.key, since)
         # Materialized apart (small: errors only), so that a view without violations, the common
         # case, does not fold and re-checkpoint the whole buffer for nothing.
         fix = fix.localCheckpoint(eager=False)

@@ -99,6 +99,13 @@ class ReadBack:
         self.version, self.files = version, files
         return Persisted(version, upper, updates, foreign, accounted)
 
+    def contents(self) -> DataFrame:
+        """The table's rows at the version last seen, as updates: the rows of its files, read by
+        Spark from the file list this read-back keeps (no Delta snapshot to build)."""
+        if not self.files:
+            return self.spark.createDataFrame([], self.schema)
+        return self._read(self.files)
+
     def adopt(self, commit_ids: frozenset[str], added: list[str], removed: tuple[str, ...] = ()) -> bool:
         """Take the view's own winning commit (carrying one of ``commit_ids``, adding and
         removing those files) as read back, if it is the next version after the last poll, or
