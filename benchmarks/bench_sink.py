@@ -44,17 +44,13 @@ def fingerprint(df, columns: list[str]):
                      F.count("*").alias("n")).first()
 
 
-def heap_peak_mib(spark) -> float:
-    """The peak of the JVM's old generation since the last call, in MiB: the heap that outlived
-    young collections, i.e. what was held (the driver's JVM; in local mode the tasks run in it
-    too). The peaks start over after each call."""
-    management = spark.sparkContext._jvm.java.lang.management
-    peak = 0
-    for pool in management.ManagementFactory.getMemoryPoolMXBeans():
-        if pool.getType().toString() == "HEAP" and ("Old" in pool.getName() or "Tenured" in pool.getName()):
-            peak += pool.getPeakUsage().getUsed()
-        pool.resetPeakUsage()
-    return peak / 2**20
+def live_heap_mib(spark) -> float:
+    """The JVM's heap in use after a full collection, in MiB: what the session holds between
+    steps (the driver's JVM; in local mode the tasks run in it too)."""
+    jvm = spark.sparkContext._jvm
+    jvm.System.gc()
+    runtime = jvm.java.lang.Runtime.getRuntime()
+    return (runtime.totalMemory() - runtime.freeMemory()) / 2**20
 
 
 def machine() -> str:
@@ -123,13 +119,12 @@ def main() -> int:
     # And the source read once, so that its log replay and the page cache serve both alike.
     first_version(source).write.format("noop").mode("overwrite").save()
 
-    heap_peak_mib(spark)
     view = MaterializedView(spark, ViewDefinition("bench", view_target, ChangesInput(source), key=("id",),
                                                   replica_id="bench"))
     started = time.monotonic()
     view.run_until_caught_up()
     mvsink_hydration = time.monotonic() - started
-    hydration_heap = heap_peak_mib(spark)
+    hydration_heap = live_heap_mib(spark)
     started = time.monotonic()
     copy(source, merge_target)
     merge_hydration = time.monotonic() - started
@@ -168,7 +163,7 @@ def main() -> int:
         print(f"version {version:3d}: {changed[-1]:,} rows changed, mvsink {mvsink_times[-1]:.2f}s "
               f"({written:,} updates; {phases}), MERGE {merge_times[-1]:.2f}s", flush=True)
 
-    steps_heap = heap_peak_mib(spark)  # mvsink's steps and MERGE's batches alike
+    steps_heap = live_heap_mib(spark)
     from mvsink.read import read_view
 
     same = fingerprint(read_view(spark, view_target, "bench"), columns) == fingerprint(
@@ -195,8 +190,8 @@ def main() -> int:
         f"{p} {s / args.versions:.2f}s" for p, s in spent.items()))
     max_heap = spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory() / 2**20
     print(f"JVM heap (spark.driver.memory {spark.conf.get('spark.driver.memory')}, max {max_heap:,.0f} MiB, "
-          f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}): old generation peak "
-          f"{hydration_heap:,.0f} MiB during mvsink's initial load, {steps_heap:,.0f} MiB during the versions")
+          f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}): live after a full GC "
+          f"{hydration_heap:,.0f} MiB after mvsink's initial load, {steps_heap:,.0f} MiB after the versions")
     print(f"final contents identical: {same}")
     spark.stop()
     return 0 if same else 1

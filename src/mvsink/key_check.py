@@ -9,12 +9,19 @@ Desired contents are not kept separately: `desired = persisted + corrections` (t
 correction buffer is), so the state of the touched keys is read from the table at the version the
 buffer was last reconciled with plus the buffer itself. The result is the correction that makes
 the buffer's error updates for those keys equal the recomputed error collection.
+
+A hydration into an empty table asks only whether every key has one row (:func:`unique_keys`).
+Where the snapshot's partitions hold disjoint key ranges (a table written in key order, the usual
+case for ids), each partition answers that for its own rows and no row is shuffled.
 """
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from mvsink.updates import DIFF, ERROR, TIME, advance_times, negate
 
@@ -69,16 +76,66 @@ def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched:
 
 def unique_keys(updates: DataFrame, key: tuple[str, ...]) -> tuple[int, bool]:
     """How many ``updates`` there are, and whether each key (nulls equal to nulls) has exactly
-    one of them, with diff 1: one Spark job, shuffling the key columns only.
+    one of them, with diff 1: settled within the partitions where they can
+    (:func:`_unique_in_partitions`), else by one Spark job shuffling the key columns only.
 
     If so, the updates are consolidated (two equal rows share a key) and, at a single time, no
     key has more than one row and none has a negative count: no key violation and nothing to
     consolidate (error rows leave the key columns null, so two of them share the null key).
     """
+    settled = _unique_in_partitions(updates, key)
+    if settled is not None:
+        return settled
     per_key = updates.groupBy(*key).agg(
         F.count(F.lit(1)).alias("_mv_n"), F.max(F.col(DIFF) != 1).alias("_mv_odd"))
     total, most, odd = per_key.agg(F.sum("_mv_n"), F.max("_mv_n"), F.max("_mv_odd")).first()
     return total or 0, not total or (most == 1 and not odd)
+
+
+def _unique_in_partitions(updates: DataFrame, key: tuple[str, ...]) -> tuple[int, bool] | None:
+    """:func:`unique_keys`' answer from each partition's own rows, in one Spark job that shuffles
+    nothing: each partition reports its size, whether a key repeats in it or a diff is not 1, its
+    null keys and its least and greatest key. A repeat answers no; keys unique in every
+    partition, in ranges no two partitions share, with at most one null key in all, answer yes.
+    None: the ranges overlap, only a shuffle can tell.
+
+    Single-column keys of types whose equality Arrow and Spark share (integers, booleans, dates,
+    timestamps, binary-collated strings; not floats, where Spark equates -0.0 and 0.0).
+    """
+    if len(key) != 1:
+        return None
+    dtype = updates.schema[key[0]].dataType
+    if not (isinstance(dtype, (T.IntegralType, T.BooleanType, T.DateType, T.TimestampType))
+            or dtype == T.StringType()):
+        return None
+    report = T.StructType([T.StructField("n", T.LongType()), T.StructField("repeats", T.BooleanType()),
+                           T.StructField("nulls", T.LongType()), T.StructField("lo", dtype),
+                           T.StructField("hi", dtype)])
+    parts = updates.select(F.col(key[0]), F.col(DIFF)).mapInArrow(_partition_keys, report).collect()
+    total = sum(p.n for p in parts)
+    if any(p.repeats for p in parts) or sum(p.nulls for p in parts) > 1:
+        return total, False
+    ranges = sorted((p.lo, p.hi) for p in parts if p.lo is not None)
+    if all(hi < lo for (_, hi), (lo, _) in zip(ranges, ranges[1:])):
+        return total, True
+    return None
+
+
+def _partition_keys(batches):
+    """Runs in a Spark task: one partition's (key, diff) batches -> its report row (none if empty)."""
+    keys, odd = [], False
+    for batch in batches:
+        if batch.num_rows:
+            keys.append(batch.column(0))
+            odd = odd or bool(pc.any(pc.not_equal(batch.column(1), 1)).as_py())
+    if not keys:
+        return
+    column = pa.chunked_array(keys)
+    distinct = pc.count_distinct(column, mode="all").as_py()  # a null counts as one value
+    bounds = pc.min_max(column)
+    yield pa.RecordBatch.from_pydict(
+        {"n": [len(column)], "repeats": [odd or distinct != len(column)], "nulls": [column.null_count],
+         "lo": pa.array([bounds["min"].as_py()], column.type), "hi": pa.array([bounds["max"].as_py()], column.type)})
 
 
 def _error_updates(frame: DataFrame, message: str, diff: int, keys: list[str], types: dict) -> DataFrame:
