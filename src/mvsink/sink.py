@@ -52,7 +52,7 @@ from mvsink.append import (META_HISTORY, META_READBACK, REASON_CORRECTION, REASO
                            REASON_REPAIR, Shard, compare_and_append)
 from mvsink.append.retention import Retention, Upkeep
 from mvsink.cleanup import clean_orphans
-from mvsink.correction import CorrectionBuffer
+from mvsink.correction import CorrectionBuffer, checkpointed
 from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.hydration import Hydration
 from mvsink.inputs import desired_for
@@ -401,14 +401,14 @@ class MaterializedView:
                 desired.where(F.col(ERROR).isNull()).dropna(subset=key)
                 .groupBy(*key, TIME).agg(F.sum(DIFF).alias("_mv_net")).where(F.col("_mv_net") != 0)
             )
-            if changed.isEmpty():  # the common case (updates in place): one job, one shuffle
+            if changed.isEmpty():  # the common case (updates in place): one shuffle, of the input only
                 return
             touched = changed.select(*key).distinct().localCheckpoint(eager=True)
         fix = key_error_corrections(self.readback.contents(), self.correction.updates, touched, self.view.key, since)
         # Materialized apart (small: errors only), so that a view without violations, the common
         # case, does not fold and re-checkpoint the whole buffer for nothing.
-        fix = fix.localCheckpoint(eager=False)
-        if fix.count():  # the job that materializes it
+        fix, size = checkpointed(fix)
+        if size:
             self.correction.apply([fix], since)
 
     def _forget(self) -> None:

@@ -37,6 +37,14 @@ log = logging.getLogger(__name__)
 _GC_EVERY = 50
 
 
+def checkpointed(frame: DataFrame) -> tuple[DataFrame, int]:
+    """``frame`` kept in Spark's block manager (a local checkpoint, its lineage cut) and its row
+    count, in one Spark job: the count of the checkpoint's own rows, where ``DataFrame.count``
+    would add an aggregation and, under adaptive execution, a job of its own."""
+    kept = frame.localCheckpoint(eager=False)
+    return kept, kept._jdf.javaRDD().count()
+
+
 class CorrectionBuffer:
     def __init__(self, spark: SparkSession, schema: T.StructType):
         self.spark = spark
@@ -53,8 +61,7 @@ class CorrectionBuffer:
         self.since = max(self.since, since)
         frames = [self.updates] + [c.select(*self.schema.names) for c in changes]
         merged = consolidate(advance_times(reduce(DataFrame.unionByName, frames), self.since))
-        self.updates = merged.localCheckpoint(eager=False)
-        self.size = self.updates.count()  # the job that materializes the checkpoint
+        self.updates, self.size = checkpointed(merged)
         self._steps += 1
         if self._steps % _GC_EVERY == 0:
             self.spark.sparkContext._jvm.System.gc()
