@@ -6,8 +6,8 @@ set, other user columns null). It is a function of the desired contents, so it i
 for the keys whose rows changed in a step, and only at the times where they changed.
 
 Desired contents are not kept separately: `desired = persisted + corrections` (that is what the
-correction buffer is), so the state of the touched keys is read from the table at the version the
-buffer was last reconciled with plus the buffer itself. The result is the correction that makes
+correction buffer is), so the state of the touched keys is read from the table's files at the
+version the buffer was last reconciled with (the read-back's file list) plus the buffer itself. The result is the correction that makes
 the buffer's error updates for those keys equal the recomputed error collection.
 
 A hydration into an empty table asks only whether every key has one row (:func:`unique_keys`).
