@@ -372,8 +372,8 @@ class MaterializedView:
     def _hold_if_unique(self, snapshot: DataFrame, since: int) -> DataFrame | None:
         """Hydrating into a table with no rows. If every key of the snapshot has one row, the
         snapshot is the consolidated buffer with no key violation: the buffer holds it as it is
-        and None is returned (one Spark job, on the key columns, instead of two shuffles of the
-        view). A snapshot that runs user code to read is materialized by that job; a stored one
+        and None is returned (one Spark job reading the key columns, with no shuffle where the
+        partitions' key ranges are disjoint, instead of two shuffles of the view). A snapshot that runs user code to read is materialized by that job; a stored one
         is read again by the staging instead (a copy's cost: one read, one write). Otherwise the
         snapshot is returned, materialized, for the caller to fold and key-check."""
         with self._profile.phase("key_check"):
