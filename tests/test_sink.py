@@ -103,13 +103,15 @@ def test_a_step_that_fails_midway_loses_nothing(spark, tmp_path):
     mv.run_until_caught_up()
     insert(spark, src, [(2, "b")])
     spark.sql(f"UPDATE delta.`{src}` SET v = 'aa' WHERE id = 1")
-    real_apply = mv.correction.apply
+    real_apply, real_hold = mv.correction.apply, mv.correction.hold
 
     def fail_once(*args, **kwargs):
-        mv.correction.apply = real_apply
+        mv.correction.apply, mv.correction.hold = real_apply, real_hold
         raise OSError("injected: executor lost")
 
-    mv.correction.apply = fail_once  # the failure strikes after the input was read
+    # The failure strikes after the input was read, as it goes into the buffer (folded, or held
+    # as it is: the steady state).
+    mv.correction.apply = mv.correction.hold = fail_once
     with pytest.raises(OSError, match="injected"):
         mv.step()
     mv.run_until_caught_up()

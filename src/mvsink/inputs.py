@@ -26,20 +26,26 @@ updates at the same times:
   own, where the sources are registered under their names, so views never see each other's
   sources.
 
-Both add row-level errors (:mod:`mvsink.row_errors`). Source versions come from listing their
-``_delta_log`` (:mod:`mvsink.table`), which needs no Spark job.
+Both add row-level errors (:mod:`mvsink.row_errors`). ``changes`` hands its updates over
+consolidated and held in Spark with their count, all in one Spark job (:class:`Changes`), so that
+a step's fold into an empty correction buffer is no job at all. Source versions come from listing
+their ``_delta_log`` (:mod:`mvsink.table`), which needs no Spark job.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from functools import reduce
 
 from pyspark.errors import AnalysisException, ParseException
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from mvsink.correction import checkpointed
+from mvsink.key_check import key_count_change
 from mvsink.row_errors import map_rows, null_key_errors
 from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise
 from mvsink.table import latest_version, spark_uri
@@ -50,10 +56,46 @@ from mvsink.view import ChangesInput, ConfigError, SnapshotInput, ViewDefinition
 log = logging.getLogger(__name__)
 
 _CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+_NET = "_mv_net"
+_OBSERVED = "mvsink_held_changes"
 
 #: Error conditions of a change feed (or snapshot) read that no retry can cure.
 _UNREADABLE = ("DELTA_MISSING_CHANGE_DATA", "FILE_NOT_EXIST", "FileNotFoundException", "DATA_TYPE_MISMATCH",
                "INCOMPATIBLE_SCHEMA_CHANGE", "DELTA_CHANGE_DATA_FEED")
+
+
+@dataclass(frozen=True)
+class Changes:
+    """The input's updates at times `[lo, hi]`: consolidated, held in Spark (a local checkpoint:
+    a read that fails shows when they are made, not later), and how many there are."""
+
+    updates: DataFrame
+    size: int
+    lo: int
+    #: Whether some key's row count changes at some time (:func:`mvsink.key_check.key_count_change`);
+    #: None for a view without key columns.
+    key_counts_change: bool | None = None
+
+
+def _held(updates: DataFrame, lo: int, key: tuple[str, ...]) -> Changes:
+    """``updates`` (times from ``lo`` on) consolidated and held, in one Spark job that also
+    counts them and, for a keyed view, tells whether any key's row count changes: the updates
+    are shuffled by the key once, so the consolidation and the per-(key, time) sums need no
+    other shuffle, and both answers are observed metrics of the job that holds the rows."""
+    if not key:
+        kept, size = checkpointed(consolidate(updates))
+        return Changes(kept, size, lo)
+    consolidated = consolidate(updates.repartition(*key)).withColumn(_NET, key_count_change(key))
+    observed = consolidated.observe(
+        _OBSERVED, F.count(F.lit(1)).alias("size"),
+        F.coalesce(F.max(F.col(_NET) != 0), F.lit(False)).alias("changed"))
+    kept = observed.drop(_NET).localCheckpoint(eager=True)
+    # The metrics of the action that just ran, read from its query execution (not waited for).
+    metrics = observed._jdf.queryExecution().observedMetrics()
+    if not metrics.contains(_OBSERVED):
+        raise RuntimeError("Spark reported no observed metrics for the held changes")
+    row = metrics.get(_OBSERVED).get()
+    return Changes(kept, row.get(0), lo, row.get(1))
 
 
 class SourceChangesLost(ConfigError):
@@ -157,8 +199,8 @@ class Desired:
         version, a checkpoint) and runs no user code: it may then be read twice instead of kept."""
         raise NotImplementedError
 
-    def changes(self, lo: int, hi: int) -> DataFrame | None:
-        """The updates at times `[lo, hi]`, materialized (a failed read shows here, not later)."""
+    def changes(self, lo: int, hi: int) -> Changes | None:
+        """The updates at times `[lo, hi]` (None if there are none)."""
         raise NotImplementedError
 
 
@@ -203,7 +245,7 @@ class ChangesDesired(Desired):
     def snapshot_is_stored(self) -> bool:
         return self.input.map_row is None
 
-    def changes(self, lo: int, hi: int) -> DataFrame | None:
+    def changes(self, lo: int, hi: int) -> Changes | None:
         """The change feed between the versions of times `lo - 1` and `hi`; None if none."""
         first = self.timeline.versions(lo - 1)[self.name] + 1
         last = self.timeline.versions(hi)[self.name]
@@ -217,7 +259,7 @@ class ChangesDesired(Desired):
                 spans.append((time, previous + 1, version))
                 previous = version
         try:
-            return self._feed_changes(spans, first, last).localCheckpoint(eager=True)
+            return _held(self._feed_changes(spans, first, last), lo, self.view.key)
         except Exception as exc:
             reason = _unreadable(exc)
             if reason is None:
@@ -229,7 +271,7 @@ class ChangesDesired(Desired):
     def _feed_changes(self, spans: list[tuple[int, int, int]], first: int, last: int) -> DataFrame:
         return self._to_view(change_feed(self.spark, self.source, spans, first, last))
 
-    def _snapshot_changes(self, spans: list[tuple[int, int, int]], before: int, feed_error: str) -> DataFrame:
+    def _snapshot_changes(self, spans: list[tuple[int, int, int]], before: int, feed_error: str) -> Changes:
         """The changes at each span's time as the difference of the source's snapshots at the
         span's last version and the version before it (``before`` for the first)."""
         parts, previous = [], before
@@ -238,7 +280,7 @@ class ChangesDesired(Desired):
             previous = version
         updates = reduce(DataFrame.unionByName, parts)
         try:
-            return updates.localCheckpoint(eager=True)
+            return _held(updates, spans[0][0], self.view.key)
         except Exception as exc:
             reason = _unreadable(exc)
             if reason is None:
@@ -341,6 +383,8 @@ class SnapshotDesired(Desired):
         return self._contents(self.timeline.versions(time)).select(*self.user_schema.names)
 
     def _remember(self, time: int, contents: DataFrame) -> None:
+        if self._previous is not None:
+            self._previous.unpersist()
         self._previous = contents.localCheckpoint(eager=True)
         self._previous_time = time
 
@@ -361,7 +405,7 @@ class SnapshotDesired(Desired):
     def snapshot_is_stored(self) -> bool:
         return True  # a row-wise query over pinned versions, or the query's checkpointed result
 
-    def changes(self, lo: int, hi: int) -> DataFrame | None:
+    def changes(self, lo: int, hi: int) -> Changes | None:
         """The updates at each time in `[lo, hi]` whose versions differ from the time before."""
         times = [t for t in range(lo, hi + 1) if self.timeline.versions(t) != self.timeline.versions(t - 1)]
         if not times:
@@ -378,7 +422,7 @@ class SnapshotDesired(Desired):
                             reason)
         return self._recomputed_changes(times)
 
-    def _row_wise_changes(self, times: list[int]) -> DataFrame:
+    def _row_wise_changes(self, times: list[int]) -> Changes:
         """The query over the source's change feed: per time, over the inserted rows at +1 and
         over the deleted rows at -1 (see :mod:`mvsink.row_wise`)."""
         (name,) = self.sources
@@ -391,26 +435,33 @@ class SnapshotDesired(Desired):
                 rows = feed.where((F.col(TIME) == time) & (F.col(DIFF) == diff)).drop(TIME, DIFF)
                 result = self._query({name: rows})
                 parts.append(self._as_updates(result, time, diff))
-        return self._finish(reduce(DataFrame.unionByName, parts)).localCheckpoint(eager=True)
+        return _held(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
 
-    def _recomputed_changes(self, times: list[int]) -> DataFrame:
+    def _recomputed_changes(self, times: list[int]) -> Changes:
         """One evaluation per time, the difference to the last result: the new result at +1 and
         the last at -1, consolidated (each distinct row's count difference, exactly a multiset
-        difference both ways, in one shuffle)."""
+        difference both ways; one shuffle for all the times, whose updates differ in time)."""
         if self._previous_time is not None and self._previous_time >= times[0]:
             raise RuntimeError(f"snapshot input asked for changes from {times[0]} after evaluating "
                                f"{self._previous_time}")
         if self._previous is None:  # none kept (row-wise until now): evaluated again at its versions
             before = times[0] - 1
             self._remember(before, self._result_at(before))
-        parts = []
+        parts, replaced = [], [self._previous]
         for time in times:
             previous = self._previous
-            self._remember(time, self._result_at(time))
-            both = self._as_updates(self._previous, time, 1).unionByName(self._as_updates(previous, time, -1))
-            parts.append(consolidate(both))
-        updates = self._finish(reduce(DataFrame.unionByName, parts)).localCheckpoint(eager=True)
+            # Kept for the next difference, filled by the job that holds the changes below (a
+            # cache: the query is not run twice, and a lost block is computed again exactly,
+            # from the pinned versions).
+            self._previous = self._result_at(time).persist(StorageLevel.MEMORY_AND_DISK)
+            self._previous_time = time
+            replaced.append(self._previous)
+            parts += [self._as_updates(self._previous, time, 1), self._as_updates(previous, time, -1)]
+        updates = _held(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
+        for frame in replaced[:-1]:
+            frame.unpersist()
         if self.row_wise:
+            self._previous.unpersist()
             self._previous = self._previous_time = None
         return updates
 

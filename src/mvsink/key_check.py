@@ -19,13 +19,23 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mvsink.updates import DIFF, ERROR, TIME, advance_times, negate
 
 _POINT = "_mv_point"
+
+
+def key_count_change(key: tuple[str, ...]) -> Column:
+    """Over updates partitioned by ``key``: the change of the row's key's row count at the row's
+    time (the sum of the ok updates' diffs with that key and time; 0 for error updates and null
+    keys, which no count holds). Where it is 0 for every update, no key's count changed, and
+    neither did any key violation: an update replacing a row (-old, +new) cannot make or end one."""
+    ok = F.col(ERROR).isNull() & _all_not_null(list(key))
+    net = F.when(ok, F.col(DIFF)).otherwise(F.lit(0).cast("long"))
+    return F.sum(net).over(Window.partitionBy(*key, TIME))
 
 
 def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched: DataFrame | None,

@@ -55,15 +55,15 @@ from mvsink.cleanup import clean_orphans
 from mvsink.correction import CorrectionBuffer, checkpointed
 from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.hydration import Hydration
-from mvsink.inputs import desired_for
-from mvsink.key_check import key_error_corrections, unique_keys
+from mvsink.inputs import Changes, desired_for
+from mvsink.key_check import key_count_change, key_error_corrections, unique_keys
 from mvsink.metrics import ViewMetrics
 from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
 from mvsink.table import latest_version
 from mvsink.target import create_target, validate_target
 from mvsink.timeline import (REASON_REPAIR_TIME, REASON_SOURCES, Timeline, TimeWentBackwards)
-from mvsink.updates import DIFF, ERROR, TIME, advance_times, consolidate, negate
+from mvsink.updates import TIME, advance_times, consolidate, negate
 from mvsink.view import ConfigError, ViewDefinition
 from mvsink.write import batch_updates, stage
 
@@ -293,15 +293,10 @@ class MaterializedView:
             computed_all = self.desired_frontier in (None, self.timeline.upper)
             if not self.read_only and computed_all and (last is None or last.versions != latest):
                 minted = self._mint_time(latest, REASON_SOURCES)
-        changes = []
-        if persisted.updates is not None:
-            changes.append(negate(persisted.updates))
         hydrating = self.desired_frontier is None
         with profile.phase("input"):
             desired = self._read_desired(persisted)
-        if desired is not None:
-            changes.append(desired)
-        self._fold(changes, persisted, desired, hydrated=hydrating and desired is not None)
+        self._fold(persisted.updates, desired, persisted, hydrated=hydrating and desired is not None)
         with profile.phase("correction"):
             drifted = not self.read_only and self._drifted(persisted)
         if drifted:
@@ -310,7 +305,7 @@ class MaterializedView:
             with profile.phase("input"):
                 desired = self._read_desired(persisted)
             if desired is not None:
-                self._fold([desired], persisted, desired)
+                self._fold(None, desired, persisted)
         return persisted, minted
 
     def _mint_time(self, versions: dict[str, int], reason: str) -> int | None:
@@ -329,43 +324,54 @@ class MaterializedView:
         return self.correction.size != 0 and not self.correction.updates.where(
             F.col(TIME) <= F.lit(persisted.upper)).isEmpty()
 
-    def _read_desired(self, persisted) -> DataFrame | None:
-        """The input's updates from the desired frontier to the timeline's upper (or the
-        hydration); None if there are none."""
+    def _read_desired(self, persisted) -> Changes | DataFrame | None:
+        """The input's updates from the desired frontier to the timeline's upper, held in Spark
+        (:class:`~mvsink.inputs.Changes`); at the first step the hydration's snapshot, lazy (read
+        once, by the fold: its time shows in the correction phase); None if there are none."""
         desired = None
         upper = self.timeline.upper
         if self.desired_frontier is None:
             hydrate_at = max(self.view.as_of, persisted.upper - 1)
             if upper > hydrate_at:
                 self.hydration.start(hydrate_at, self.timeline.versions(hydrate_at))
-                # Read once, by the fold (lazy here: its time shows in the correction phase).
                 desired = self.desired.snapshot(hydrate_at)
                 self.desired_frontier = hydrate_at + 1
                 self.hydrations += 1
         elif upper > self.desired_frontier:
-            desired = self.desired.changes(self.desired_frontier, upper - 1)  # materialized
+            desired = self.desired.changes(self.desired_frontier, upper - 1)
             self.desired_frontier = upper
         return desired
 
-    def _fold(self, changes: list[DataFrame], persisted, desired: DataFrame | None,
+    def _fold(self, persisted_updates: DataFrame | None, desired: Changes | DataFrame | None, persisted,
               hydrated: bool = False) -> None:
-        """Fold ``changes`` into the buffer and recheck the keys ``desired`` touched (every key
-        when ``hydrated``: the buffer was empty and ``desired`` is the view's whole contents)."""
+        """Fold ``desired`` minus ``persisted_updates`` into the buffer and recheck the keys
+        ``desired`` touched (every key when ``hydrated``: the buffer was empty and ``desired`` is
+        the view's whole contents).
+
+        Changes into an empty buffer with nothing read back, the steady state, are the buffer as
+        they are (consolidated, held, at or after the since): no Spark job."""
         since = max(self.view.as_of, persisted.upper)
-        if hydrated and persisted.updates is None and self.view.key and self.correction.size == 0:
-            snapshot = self._hold_if_unique(desired, since)
-            if snapshot is None:
+        if hydrated and persisted_updates is None and self.view.key and self.correction.size == 0:
+            desired = self._hold_if_unique(desired, since)
+            if desired is None:
                 return
-            changes = [snapshot]  # materialized now: consolidate it and check every key
-        try:
-            with self._profile.phase("correction"):
-                self.correction.apply(changes, since)
-        except Exception as exc:
-            missing_file = "FileNotFound" in str(exc) or "does not exist" in str(exc)
-            if persisted.updates is not None and missing_file:
-                raise ReadBackError(f"a committed file is gone: {exc}") from exc
-            raise
-        if desired is not None and self.view.key:
+            # materialized now: consolidate it and check every key
+        held = isinstance(desired, Changes)
+        updates = desired.updates if held else desired
+        if held and persisted_updates is None and self.correction.size == 0 and desired.lo >= since:
+            self.correction.hold(desired.updates, desired.size, since)
+        else:
+            changes = ([negate(persisted_updates)] if persisted_updates is not None else []) + (
+                [updates] if updates is not None else [])
+            try:
+                with self._profile.phase("correction"):
+                    self.correction.apply(changes, since)
+            except Exception as exc:
+                missing_file = "FileNotFound" in str(exc) or "does not exist" in str(exc)
+                if persisted_updates is not None and missing_file:
+                    raise ReadBackError(f"a committed file is gone: {exc}") from exc
+                raise
+        if updates is not None and self.view.key:
             with self._profile.phase("key_check"):
                 self._check_keys(None if hydrated else desired, since)
 
@@ -386,24 +392,21 @@ class MaterializedView:
         self.correction.hold(held, size, since)
         return None
 
-    def _check_keys(self, desired: DataFrame | None, since: int) -> None:
-        """Recompute key violations where a key's row count may have changed (everywhere if
-        ``desired`` is None). Desired contents are the buffer plus what it was reconciled with:
-        the table's files as the read-back last saw them.
+    def _check_keys(self, desired: Changes | None, since: int) -> None:
+        """Recompute key violations where a key's row count changed (everywhere if ``desired`` is
+        None: a hydration). Desired contents are the buffer plus what it was reconciled with: the
+        table's files as the read-back last saw them.
 
-        A key's count at a time changes only if its desired updates at that time do not sum to
-        zero; an update that replaces a row (-old, +new) cannot create or end a violation.
+        Whether any count changed came with the changes (:attr:`Changes.key_counts_change`): in
+        the common case, updates in place, it did not, and this runs no Spark job.
         """
-        key = list(self.view.key)
         touched = None
         if desired is not None:
-            changed = (
-                desired.where(F.col(ERROR).isNull()).dropna(subset=key)
-                .groupBy(*key, TIME).agg(F.sum(DIFF).alias("_mv_net")).where(F.col("_mv_net") != 0)
-            )
-            if changed.isEmpty():  # the common case (updates in place): one shuffle, of the input only
+            if not desired.key_counts_change:
                 return
-            touched = changed.select(*key).distinct().localCheckpoint(eager=True)
+            net = desired.updates.withColumn("_mv_net", key_count_change(self.view.key))
+            touched = (net.where(F.col("_mv_net") != 0).select(*self.view.key).distinct()
+                       .localCheckpoint(eager=True))
         fix = key_error_corrections(self.readback.contents(), self.correction.updates, touched, self.view.key, since)
         # Materialized apart (small: errors only), so that a view without violations, the common
         # case, does not fold and re-checkpoint the whole buffer for nothing.

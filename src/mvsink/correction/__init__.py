@@ -15,6 +15,9 @@ Invariants:
   cuts the lineage each step); only counts reach the driver. One exception, from a hydration into
   an empty table until the next fold: the buffer may be a stored snapshot read again where used
   (:meth:`hold`).
+* An empty buffer given updates that are already consolidated, held and at or after the since
+  (a step's input changes, :class:`mvsink.inputs.Changes`) takes them as they are (:meth:`hold`):
+  the steady state's fold runs no Spark job.
 * :attr:`size` is the number of updates when known (a fold counts them in the job that
   materializes them); folding nothing at an unchanged since runs no Spark job.
 """
@@ -61,18 +64,22 @@ class CorrectionBuffer:
         self.since = max(self.since, since)
         frames = [self.updates] + [c.select(*self.schema.names) for c in changes]
         merged = consolidate(advance_times(reduce(DataFrame.unionByName, frames), self.since))
-        self.updates, self.size = checkpointed(merged)
-        self._steps += 1
-        if self._steps % _GC_EVERY == 0:
-            self.spark.sparkContext._jvm.System.gc()
+        self._replace(*checkpointed(merged))
 
     def hold(self, updates: DataFrame, size: int, since: int) -> None:
         """Take ``updates`` (``size`` of them, consolidated, times at or after ``since``;
-        materialized or a stored snapshot) as the whole buffer, instead of an empty one: a
-        hydration into an empty table whose contents were found consolidated
-        (:func:`mvsink.key_check.unique_keys`)."""
+        materialized or a stored snapshot) as the whole buffer, instead of an empty one: a step's
+        input changes (held), or a hydration into an empty table whose contents were found
+        consolidated (:func:`mvsink.key_check.unique_keys`)."""
         assert self.size == 0, "only an empty buffer is replaced"
-        self.updates, self.size, self.since = updates, size, max(self.since, since)
+        self.since = max(self.since, since)
+        self._replace(updates, size)
+
+    def _replace(self, updates: DataFrame, size: int) -> None:
+        self.updates, self.size = updates, size
+        self._steps += 1
+        if self._steps % _GC_EVERY == 0:
+            self.spark.sparkContext._jvm.System.gc()
 
     def drop_written(self, upper: int, written: int | None) -> None:
         """The buffer after the table took its updates below ``upper`` as they are (a won append
