@@ -88,8 +88,8 @@ def _held(updates: DataFrame, lo: int, key: tuple[str, ...]) -> Changes:
     consolidated = consolidate(updates.repartition(*key)).withColumn(_NET, key_count_change(key))
     observed = consolidated.observe(
         _OBSERVED, F.count(F.lit(1)).alias("size"),
-        F.coalesce(F.max(F.col(_NET) != 0), F.lit(False)).alias("changed"))
-    kept = observed.drop(_NET).localCheckpoint(eager=True)
+        F.coalesce(F.max(F.col(_NET) != 0), F.lit(False)).alias("changed")).drop(_NET)
+    kept = observed.localCheckpoint(eager=True)
     # The metrics of the action that just ran, read from its query execution (not waited for).
     metrics = observed._jdf.queryExecution().observedMetrics()
     if not metrics.contains(_OBSERVED):
