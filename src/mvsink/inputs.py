@@ -39,7 +39,6 @@ from dataclasses import dataclass
 from functools import reduce
 
 from pyspark.errors import AnalysisException, ParseException
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -383,8 +382,6 @@ class SnapshotDesired(Desired):
         return self._contents(self.timeline.versions(time)).select(*self.user_schema.names)
 
     def _remember(self, time: int, contents: DataFrame) -> None:
-        if self._previous is not None:
-            self._previous.unpersist()
         self._previous = contents.localCheckpoint(eager=True)
         self._previous_time = time
 
@@ -447,21 +444,13 @@ class SnapshotDesired(Desired):
         if self._previous is None:  # none kept (row-wise until now): evaluated again at its versions
             before = times[0] - 1
             self._remember(before, self._result_at(before))
-        parts, replaced = [], [self._previous]
+        parts = []
         for time in times:
             previous = self._previous
-            # Kept for the next difference, filled by the job that holds the changes below (a
-            # cache: the query is not run twice, and a lost block is computed again exactly,
-            # from the pinned versions).
-            self._previous = self._result_at(time).persist(StorageLevel.MEMORY_AND_DISK)
-            self._previous_time = time
-            replaced.append(self._previous)
+            self._remember(time, self._result_at(time))
             parts += [self._as_updates(self._previous, time, 1), self._as_updates(previous, time, -1)]
         updates = _held(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
-        for frame in replaced[:-1]:
-            frame.unpersist()
         if self.row_wise:
-            self._previous.unpersist()
             self._previous = self._previous_time = None
         return updates
 
