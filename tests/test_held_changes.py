@@ -1,4 +1,4 @@
-"""A step's input changes as the buffer takes them (:func:`mvsink.inputs._held`): consolidated,
+"""A step's input changes as the buffer takes them (:func:`mvsink.inputs.held_changes`): consolidated,
 counted, and whether some key's row count changes, all from one Spark job, each equal to what
 computing it directly in Python over the same updates gives."""
 
@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 import pytest
 from pyspark.sql import types as T
 
-from mvsink.inputs import _held
+from mvsink.inputs import held_changes
 
 SCHEMA = T.StructType([
     T.StructField("k", T.LongType()), T.StructField("j", T.StringType()), T.StructField("v", T.StringType()),
@@ -66,7 +66,7 @@ def test_held_changes_are_the_updates_consolidated_with_their_count_and_key_chan
     rng = random.Random(case)
     rows = CASES[case](rng)
     rng.shuffle(rows)
-    changes = _held(spark.createDataFrame(rows, SCHEMA).repartition(3), 3, key)
+    changes = held_changes(spark.createDataFrame(rows, SCHEMA).repartition(3), 3, key)
     want, counts_change = expected(rows, key)
     got = Counter({tuple(r[:-1]): r[-1] for r in changes.updates.collect()})
     assert got == want
@@ -78,6 +78,6 @@ def test_held_changes_are_the_updates_consolidated_with_their_count_and_key_chan
 
 def test_held_changes_of_a_keyless_view_say_nothing_of_keys(spark):
     rows = [(1, "a", "x", None, 3, 1), (1, "a", "x", None, 3, 1), (2, "a", "y", None, 4, -1)]
-    changes = _held(spark.createDataFrame(rows, SCHEMA), 3, ())
+    changes = held_changes(spark.createDataFrame(rows, SCHEMA), 3, ())
     assert Counter({tuple(r[:-1]): r[-1] for r in changes.updates.collect()}) == expected(rows, ())[0]
     assert changes.size == 2 and changes.key_counts_change is None

@@ -76,7 +76,7 @@ class Changes:
     key_counts_change: bool | None = None
 
 
-def _held(updates: DataFrame, lo: int, key: tuple[str, ...]) -> Changes:
+def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...]) -> Changes:
     """``updates`` (times from ``lo`` on) consolidated and held, in one Spark job that also
     counts them and, for a keyed view, tells whether any key's row count changes: the updates
     are shuffled by the key once, so the consolidation and the per-(key, time) sums need no
@@ -258,7 +258,7 @@ class ChangesDesired(Desired):
                 spans.append((time, previous + 1, version))
                 previous = version
         try:
-            return _held(self._feed_changes(spans, first, last), lo, self.view.key)
+            return held_changes(self._feed_changes(spans, first, last), lo, self.view.key)
         except Exception as exc:
             reason = _unreadable(exc)
             if reason is None:
@@ -279,7 +279,7 @@ class ChangesDesired(Desired):
             previous = version
         updates = reduce(DataFrame.unionByName, parts)
         try:
-            return _held(updates, spans[0][0], self.view.key)
+            return held_changes(updates, spans[0][0], self.view.key)
         except Exception as exc:
             reason = _unreadable(exc)
             if reason is None:
@@ -432,7 +432,7 @@ class SnapshotDesired(Desired):
                 rows = feed.where((F.col(TIME) == time) & (F.col(DIFF) == diff)).drop(TIME, DIFF)
                 result = self._query({name: rows})
                 parts.append(self._as_updates(result, time, diff))
-        return _held(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
+        return held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
 
     def _recomputed_changes(self, times: list[int]) -> Changes:
         """One evaluation per time, the difference to the last result: the new result at +1 and
@@ -449,7 +449,7 @@ class SnapshotDesired(Desired):
             previous = self._previous
             self._remember(time, self._result_at(time))
             parts += [self._as_updates(self._previous, time, 1), self._as_updates(previous, time, -1)]
-        updates = _held(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
+        updates = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
         if self.row_wise:
             self._previous = self._previous_time = None
         return updates

@@ -344,18 +344,18 @@ class MaterializedView:
 
     def _fold(self, persisted_updates: DataFrame | None, desired: Changes | DataFrame | None, persisted,
               hydrated: bool = False) -> None:
-        """Fold ``desired`` minus ``persisted_updates`` into the buffer and recheck the keys
-        ``desired`` touched (every key when ``hydrated``: the buffer was empty and ``desired`` is
-        the view's whole contents).
+        """Fold ``desired`` minus ``persisted_updates`` (what the read-back brought, None if
+        nothing or already folded) into the buffer, with times advanced to ``persisted``'s upper,
+        and recheck the keys ``desired`` touched (every key when ``hydrated``: the buffer was
+        empty and ``desired`` is the view's whole contents).
 
         Changes into an empty buffer with nothing read back, the steady state, are the buffer as
         they are (consolidated, held, at or after the since): no Spark job."""
         since = max(self.view.as_of, persisted.upper)
         if hydrated and persisted_updates is None and self.view.key and self.correction.size == 0:
-            desired = self._hold_if_unique(desired, since)
+            desired = self._hold_if_unique(desired, since)  # else materialized, to fold and check
             if desired is None:
                 return
-            # materialized now: consolidate it and check every key
         held = isinstance(desired, Changes)
         updates = desired.updates if held else desired
         if held and persisted_updates is None and self.correction.size == 0 and desired.lo >= since:
