@@ -358,7 +358,8 @@ class MaterializedView:
                 return
         held = isinstance(desired, Changes)
         updates = desired.updates if held else desired
-        if held and persisted_updates is None and self.correction.size == 0 and desired.lo >= since:
+        empty = persisted_updates is None and self.correction.size == 0
+        if held and empty and desired.lo >= max(since, self.correction.since):
             self.correction.hold(desired.updates, desired.size, since)
         else:
             changes = ([negate(persisted_updates)] if persisted_updates is not None else []) + (
