@@ -53,7 +53,10 @@ def test_metrics_show_steps_a_lost_race_a_repair_and_the_source_lag(spark, tmp_p
                  watch=tuple(fleet))
         wait_for(lambda: max(_scrape(p).get("mvsink_upper", 0) for p in ports) == view_upper_of(tgt, "watched"),
                  timeout=60, what="the upper in the metrics")
-        assert _scrape(ports[0])["mvsink_steps_total"] >= 3
+        # Steps are counted when they end; a replica's first steps (JVM warm-up, hydration) take
+        # seconds, so the count is waited for, not read once.
+        wait_for(lambda: _scrape(ports[0])["mvsink_steps_total"] >= 3, timeout=60, what="three steps of r0",
+                 watch=tuple(fleet))
         for replica in fleet:
             replica.kill()
         insert(spark, src, [(500, "late")])  # a commit no time covers: a read-only replica mints none
