@@ -8,13 +8,16 @@ import sys
 
 import pytest
 from deltalake import DeltaTable
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from helpers import JOB, ROOT, create_source, insert, write_config
 from mvsink import (ChangesInput, ConfigError, MaterializedView, TimeWentBackwards, ViewDefinition,
                     ViewInError, load_config, read_view, view_errors)
+from mvsink.inputs import change_feed
+from mvsink.row_errors import null_key_errors
 from mvsink.target import create_target
-from mvsink.updates import table_schema
+from mvsink.updates import ERROR, table_schema
 
 
 def parse_amount(row: dict) -> dict | None:
@@ -136,3 +139,20 @@ def test_the_job_exits_2_on_bad_configuration_without_writing(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "bad configuration" in result.stderr and "is not a Delta table" in result.stderr
     assert not (tmp_path / "tgt").exists()
+
+
+def test_a_not_null_key_is_not_checked_and_a_nullable_one_is(spark, tmp_path):
+    """Delta refuses nulls in a NOT NULL column, and Spark knows it: its updates pass as they are
+    (no null check in the plan); a nullable key's null still becomes an error update."""
+    src = str(tmp_path / "src")
+    spark.sql(f"CREATE TABLE delta.`{src}` (id BIGINT NOT NULL, v STRING) USING delta "
+              "TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    insert(spark, src, [(1, "a")])
+    with pytest.raises(Exception, match="NOT NULL|null"):
+        insert(spark, src, [(None, "b")])
+    feed = change_feed(spark, src, [(1, 1, 1)], 1, 1).withColumn(ERROR, F.lit(None).cast("string"))
+    assert null_key_errors(feed, ("id",)) is feed
+    nullable = spark.createDataFrame([(None, "b", None, 1, 1)], "id BIGINT, v STRING, _mv_error STRING, "
+                                                               "_mv_time BIGINT, _mv_diff BIGINT")
+    (row,) = null_key_errors(nullable, ("id",)).collect()
+    assert row.id is None and row._mv_error.startswith("null in key column(s) ['id']")

@@ -108,8 +108,12 @@ _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError,
 
 
 def null_key_errors(updates: DataFrame, key: tuple[str, ...]) -> DataFrame:
-    """Ok updates with a null key column replaced by error updates naming the row."""
-    if not key:
+    """Ok updates with a null key column replaced by error updates naming the row.
+
+    Key columns Spark knows to be non-nullable (``NOT NULL`` in the source) hold no null: the
+    updates are returned as they are (Spark would fold the check away itself)."""
+    nullable = {f.name: f.nullable for f in updates.schema.fields}
+    if not any(nullable[k] for k in key):
         return updates
     user = [c for c in updates.columns if c not in (ERROR, TIME, DIFF)]
     null_key = reduce_or([F.col(k).isNull() for k in key])
