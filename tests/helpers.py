@@ -591,3 +591,63 @@ def run_racers(target: str, processes: int, rounds: int, out_dir, timeout: float
         p.join(timeout=timeout)
         assert p.exitcode == 0, f"racer exited with {p.exitcode}"
     return outs
+
+
+def query_results_at_every_time(spark, src: str, sql: str, views: dict[str, str], timeline: str, upper: int) -> None:
+    """Each view (view id -> target) equals ``sql`` over ``src`` (as ``src``) at the version of
+    every time below ``upper`` on ``timeline``."""
+    from collections import Counter
+
+    from mvsink import read_view
+    from mvsink.check import TimelineReader
+
+    reader = TimelineReader(timeline)
+    for at in range(upper):
+        spark.read.format("delta").option("versionAsOf", reader.version(at)).load(src).createOrReplaceTempView("src")
+        expected = Counter(tuple(r) for r in spark.sql(sql).collect())
+        for view_id, target in views.items():
+            got = Counter(tuple(r) for r in read_view(spark, target, view_id, at).collect())
+            assert got == expected, f"view {view_id} at time {at}"
+
+
+def from_the_feed_and_recomputed(spark, tmp_path, src: str, sql: str, edit: Callable[[], None], rounds: int, rng):
+    """Two keyless views of ``sql`` over ``src``: one as mvsink makes it, one evaluated in full
+    at each time; ``rounds`` times 1-3 ``edit()`` source commits, then both caught up. Both equal
+    the query at every time. Returns the first view (for what it kept)."""
+    from mvsink import MaterializedView, SnapshotInput, ViewDefinition
+
+    views = {name: MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=sql),
+                                                          sources={"src": src}, replica_id="r1"))
+             for name in ("from_feed", "recomputed")}
+    views["recomputed"].desired.row_wise, views["recomputed"].desired.aggregate = False, None
+    for _ in range(rounds + 1):
+        for view in views.values():
+            view.run_until_caught_up()
+        for _ in range(rng.randint(1, 3)):
+            edit()
+    for view in views.values():
+        view.run_until_caught_up()
+    upper = views["from_feed"].observed_upper
+    assert upper == views["recomputed"].observed_upper >= rounds
+    query_results_at_every_time(spark, src, sql, {n: str(tmp_path / n) for n in views},
+                                str(tmp_path / "from_feed") + "_timeline", upper)
+    return views["from_feed"]
+
+
+def through_commits_without_feed(spark, view, src: str, caplog, without_feed: str, with_feed: Callable[[], None]) -> None:
+    """``view`` caught up after a source commit made with the change data feed off (the SQL
+    ``without_feed``): it warns that the feed cannot be read; then after ``with_feed()`` commits,
+    the feed on again: it does not."""
+    import logging
+
+    spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
+    spark.sql(without_feed)
+    with caplog.at_level(logging.WARNING, logger="mvsink.inputs"):
+        view.run_until_caught_up()
+    assert any("cannot be read" in r.getMessage() for r in caplog.records), caplog.text
+    spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
+    with_feed()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mvsink.inputs"):
+        view.run_until_caught_up()
+    assert not any("cannot be read" in r.getMessage() for r in caplog.records), "from the feed again"

@@ -1,6 +1,8 @@
 """A step's input changes as the buffer takes them (:func:`mvsink.inputs.held_changes`): consolidated,
 counted, and whether some key's row count changes, all from one Spark job, each equal to what
-computing it directly in Python over the same updates gives."""
+computing it directly in Python over the same updates gives, whether they are shuffled by the key
+or gathered into one task; and the change feed's size from the Delta log that picks one task
+(:func:`mvsink.inputs.feed_is_small`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from collections import Counter, defaultdict
 import pytest
 from pyspark.sql import types as T
 
-from mvsink.inputs import held_changes
+from mvsink.inputs import ONE_TASK_BYTES, feed_is_small, held_changes
+from mvsink.table import change_data_bytes, log_actions
 
 SCHEMA = T.StructType([
     T.StructField("k", T.LongType()), T.StructField("j", T.StringType()), T.StructField("v", T.StringType()),
@@ -60,13 +63,16 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("one_task", [False, True], ids=["shuffled by key", "one task"])
 @pytest.mark.parametrize("key", [("k",), ("k", "j")], ids=["one key column", "two key columns"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_held_changes_are_the_updates_consolidated_with_their_count_and_key_change(spark, case, key):
+def test_held_changes_are_the_updates_consolidated_with_their_count_and_key_change(spark, case, key, one_task):
     rng = random.Random(case)
     rows = CASES[case](rng)
     rng.shuffle(rows)
-    changes = held_changes(spark.createDataFrame(rows, SCHEMA).repartition(3), 3, key)
+    changes = held_changes(spark.createDataFrame(rows, SCHEMA).repartition(3), 3, key, one_task=one_task)
+    if one_task:
+        assert changes.updates.rdd.getNumPartitions() == 1
     want, counts_change = expected(rows, key)
     got = Counter({tuple(r[:-1]): r[-1] for r in changes.updates.collect()})
     assert got == want
@@ -76,8 +82,32 @@ def test_held_changes_are_the_updates_consolidated_with_their_count_and_key_chan
     assert changes.lo == 3
 
 
-def test_held_changes_of_a_keyless_view_say_nothing_of_keys(spark):
+@pytest.mark.parametrize("one_task", [False, True], ids=["shuffled", "one task"])
+def test_held_changes_of_a_keyless_view_say_nothing_of_keys(spark, one_task):
     rows = [(1, "a", "x", None, 3, 1), (1, "a", "x", None, 3, 1), (2, "a", "y", None, 4, -1)]
-    changes = held_changes(spark.createDataFrame(rows, SCHEMA), 3, ())
+    changes = held_changes(spark.createDataFrame(rows, SCHEMA).repartition(2), 3, (), one_task=one_task)
     assert Counter({tuple(r[:-1]): r[-1] for r in changes.updates.collect()}) == expected(rows, ())[0]
     assert changes.size == 2 and changes.key_counts_change is None
+
+
+def test_the_change_feed_is_sized_from_the_log(spark, tmp_path):
+    """Per commit its change data files, or without them its added and removed files; None past
+    the commits it may read or where a commit file is gone."""
+    src = str(tmp_path / "src")
+    spark.range(2000).selectExpr("id", "id % 7 AS v").write.format("delta") \
+        .option("delta.enableChangeDataFeed", "true").save(src)
+    spark.sql(f"UPDATE delta.`{src}` SET v = v + 1 WHERE id % 10 = 0")  # version 1: change data files
+    spark.range(2000, 2100).selectExpr("id", "id % 7 AS v").write.format("delta").mode("append").save(src)  # 2: adds
+
+    def sizes(version, action):
+        return sum(a[action]["size"] for a in log_actions(src, version) if action in a)
+
+    assert sizes(1, "cdc") > 0
+    assert change_data_bytes(src, 1, 1, most=16) == sizes(1, "cdc")
+    assert change_data_bytes(src, 2, 2, most=16) == sizes(2, "add") > 0
+    assert change_data_bytes(src, 1, 2, most=16) == sizes(1, "cdc") + sizes(2, "add")
+    assert change_data_bytes(src, 0, 2, most=2) is None
+    assert feed_is_small(src, 1, 2) and sizes(1, "cdc") + sizes(2, "add") <= ONE_TASK_BYTES
+    (tmp_path / "src" / "_delta_log" / f"{1:020d}.json").unlink()
+    assert change_data_bytes(src, 1, 2, most=16) is None
+    assert not feed_is_small(src, 1, 2)

@@ -3,17 +3,16 @@ changes from the source's change feed are exactly the differences of the query's
 
 from __future__ import annotations
 
-import logging
 import random
 from collections import Counter
 
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import create_source, insert
+from helpers import (create_source, from_the_feed_and_recomputed, insert, query_results_at_every_time,
+                     through_commits_without_feed)
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view
 from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise
-from mvsink.check import TimelineReader
 
 SCHEMA = "id BIGINT, grp STRING, amount DOUBLE, note STRING"
 # Projections with expressions and a filter that rows enter and leave; nulls pass both.
@@ -84,30 +83,11 @@ def test_row_wise_changes_equal_the_differences_of_the_query_results(spark, tmp_
     rng = random.Random(9)
     src = str(tmp_path / "src")
     create_source(spark, src, [_random_row(rng, i) for i in range(30)], SCHEMA)
-    views = {}
-    for name in ("row_wise", "recomputed"):
-        views[name] = MaterializedView(spark, ViewDefinition(
-            name, str(tmp_path / name), SnapshotInput(sql=QUERY), sources={"src": src}, replica_id="r1"))
-    views["recomputed"].desired.row_wise = False
-    assert views["row_wise"].desired.row_wise
-    for view in views.values():
-        view.run_until_caught_up()
     next_id = [100]
-    for _ in range(6):
-        for _ in range(rng.randint(1, 3)):
-            _edit(spark, src, rng, next_id)
-        for view in views.values():
-            view.run_until_caught_up()
-    assert views["row_wise"].desired._previous is None, "a row-wise view keeps no result"
-    upper = views["row_wise"].observed_upper
-    assert upper == views["recomputed"].observed_upper >= 6
-    timeline = TimelineReader(str(tmp_path / "row_wise") + "_timeline")
-    for time in range(upper):
-        spark.read.format("delta").option("versionAsOf", timeline.version(time)).load(src) \
-            .createOrReplaceTempView("src")
-        expected = Counter(tuple(r) for r in spark.sql(QUERY).collect())
-        assert _contents(spark, str(tmp_path / "row_wise"), "row_wise", time) == expected, f"time {time}"
-        assert _contents(spark, str(tmp_path / "recomputed"), "recomputed", time) == expected, f"time {time}"
+    view = from_the_feed_and_recomputed(spark, tmp_path, src, QUERY, lambda: _edit(spark, src, rng, next_id),
+                                        rounds=6, rng=rng)
+    assert view.desired.row_wise
+    assert view.desired._previous is None, "a row-wise view keeps no result"
 
 
 def test_a_row_wise_view_whose_feed_is_gone_is_recomputed_for_that_range(spark, tmp_path, caplog):
@@ -118,23 +98,10 @@ def test_a_row_wise_view_whose_feed_is_gone_is_recomputed_for_that_range(spark, 
     view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=QUERY), key=("id",),
                                                   sources={"src": src}, replica_id="r1"))
     view.run_until_caught_up()
-    spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
-    spark.sql(f"UPDATE delta.`{src}` SET amount = 0.25 WHERE id < 3")
-    with caplog.at_level(logging.WARNING, logger="mvsink.inputs"):
-        view.run_until_caught_up()
-    assert any("cannot be read" in r.getMessage() for r in caplog.records), caplog.text
-    spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
-    insert(spark, src, [(20, "b", 2.0, "new")])
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="mvsink.inputs"):
-        view.run_until_caught_up()
-    assert not any("cannot be read" in r.getMessage() for r in caplog.records), "row-wise again"
+    through_commits_without_feed(spark, view, src, caplog, f"UPDATE delta.`{src}` SET amount = 0.25 WHERE id < 3",
+                                 lambda: insert(spark, src, [(20, "b", 2.0, "new")]))
     assert view.desired.row_wise and view.desired._previous is None
-    timeline = TimelineReader(tgt + "_timeline")
-    for time in range(view.observed_upper):
-        spark.read.format("delta").option("versionAsOf", timeline.version(time)).load(src) \
-            .createOrReplaceTempView("src")
-        assert _contents(spark, tgt, "v", time) == Counter(tuple(r) for r in spark.sql(QUERY).collect())
+    query_results_at_every_time(spark, src, QUERY, {"v": tgt}, tgt + "_timeline", view.observed_upper)
 
 
 def test_a_query_that_reads_its_source_itself_is_recomputed(spark, tmp_path):

@@ -17,18 +17,21 @@ updates at the same times:
   ``changes(lo, hi)`` has updates at each time whose versions differ from the time before (a time
   that repeats them, a repair time, has none). A *row-wise* query (projections and filters of one
   source with the change data feed on, :mod:`mvsink.row_wise`) is applied to the source's change
-  feed: the work follows the change and no result is kept. Any other query is evaluated once
-  per such time, emitting where consecutive results differ: the new result at +1 and the last at
+  feed: the work follows the change and no result is kept. A *linear aggregate* (counts and
+  exact sums grouped by columns over a row-wise query, :mod:`mvsink.linear_aggregate`) keeps its
+  groups' state in Spark and moves it by the aggregates of the change feed. Any other query is
+  evaluated once per such time, emitting where consecutive results differ: the new result at +1 and the last at
   -1, consolidated (each distinct row's count difference, exactly a multiset difference both
   ways, in one shuffle); the last result is kept in Spark (a local checkpoint, which spills to
-  disk), never on the driver. A row-wise view whose feed cannot be read for a range is
-  evaluated that way too, from the result before the range. SQL runs in a session of the view's
+  disk), never on the driver. A row-wise or aggregate view whose feed cannot be read for a
+  range is evaluated that way too, from the result before the range. SQL runs in a session of the view's
   own, where the sources are registered under their names, so views never see each other's
   sources.
 
 Both add row-level errors (:mod:`mvsink.row_errors`). ``changes`` hands its updates over
 consolidated and held in Spark with their count, all in one Spark job (:class:`Changes`), so that
-a step's fold into an empty correction buffer is no job at all. Source versions come from listing
+a step's fold into an empty correction buffer is no job at all; a change feed whose files are small
+(:func:`feed_is_small`, from the source's log) is held in one task, without a shuffle. Source versions come from listing
 their ``_delta_log`` (:mod:`mvsink.table`), which needs no Spark job.
 """
 
@@ -45,9 +48,10 @@ from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed
 from mvsink.key_check import key_count_change
+from mvsink.linear_aggregate import LinearAggregate, linear_aggregate
 from mvsink.row_errors import map_rows, null_key_errors
 from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise
-from mvsink.table import latest_version, spark_uri
+from mvsink.table import change_data_bytes, latest_version, spark_uri
 from mvsink.timeline import Timeline
 from mvsink.updates import DIFF, ERROR, TIME, consolidate, table_schema
 from mvsink.view import ChangesInput, ConfigError, SnapshotInput, ViewDefinition
@@ -76,15 +80,19 @@ class Changes:
     key_counts_change: bool | None = None
 
 
-def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...]) -> Changes:
+def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bool = False) -> Changes:
     """``updates`` (times from ``lo`` on) consolidated and held, in one Spark job that also
     counts them and, for a keyed view, tells whether any key's row count changes: the updates
     are shuffled by the key once, so the consolidation and the per-(key, time) sums need no
-    other shuffle, and both answers are observed metrics of the job that holds the rows."""
+    other shuffle, and both answers are observed metrics of the job that holds the rows.
+
+    ``one_task``: the updates are few (see :func:`feed_is_small`); they are gathered into one
+    partition instead, which needs no shuffle at all (one stage, one task)."""
     if not key:
-        kept, size = checkpointed(consolidate(updates))
+        kept, size = checkpointed(consolidate(updates.coalesce(1) if one_task else updates))
         return Changes(kept, size, lo)
-    consolidated = consolidate(updates.repartition(*key)).withColumn(_NET, key_count_change(key))
+    spread = updates.coalesce(1) if one_task else updates.repartition(*key)
+    consolidated = consolidate(spread).withColumn(_NET, key_count_change(key))
     observed = consolidated.observe(
         _OBSERVED, F.count(F.lit(1)).alias("size"),
         F.coalesce(F.max(F.col(_NET) != 0), F.lit(False)).alias("changed")).drop(_NET)
@@ -95,6 +103,20 @@ def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...]) -> Changes:
         raise RuntimeError("Spark reported no observed metrics for the held changes")
     row = metrics.get(_OBSERVED).get()
     return Changes(kept, row.get(0), lo, row.get(1))
+
+
+#: The change data feed files one task reads and consolidates (see :func:`feed_is_small`).
+ONE_TASK_BYTES = 8 << 20
+#: Commits whose log entries are read to size a change feed; a longer range is not sized.
+_SIZED_COMMITS = 16
+
+
+def feed_is_small(path: str, first: int, last: int) -> bool:
+    """Whether the change feed of versions ``first`` to ``last`` reads at most
+    :data:`ONE_TASK_BYTES` of files (from the log): one task holds it in well under a second,
+    where a shuffle's extra stage costs about 0.1 s."""
+    size = change_data_bytes(path, first, last, _SIZED_COMMITS)
+    return size is not None and size <= ONE_TASK_BYTES
 
 
 class SourceChangesLost(ConfigError):
@@ -258,7 +280,8 @@ class ChangesDesired(Desired):
                 spans.append((time, previous + 1, version))
                 previous = version
         try:
-            return held_changes(self._feed_changes(spans, first, last), lo, self.view.key)
+            return held_changes(self._feed_changes(spans, first, last), lo, self.view.key,
+                                one_task=feed_is_small(self.source, first, last))
         except Exception as exc:
             reason = _unreadable(exc)
             if reason is None:
@@ -317,11 +340,21 @@ class SnapshotDesired(Desired):
         self._sql_session: SparkSession | None = None
         #: Whether the changes are the query over the source's change feed (:mod:`mvsink.row_wise`).
         self.row_wise = False
-        super().__init__(spark, view, timeline)  # sets row_wise from the query's plan (_user_schema)
-        self.row_wise = self.row_wise and len(self.sources) == 1 and self._reads_rows_given()
+        #: The query's shape if it is a linear aggregate (:mod:`mvsink.linear_aggregate`), its
+        #: state (per group) at ``_state_time``.
+        self.aggregate: LinearAggregate | None = None
+        self._state: DataFrame | None = None
+        self._state_time: int | None = None
+        super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
+        over_held = self._query_over_held_rows() if len(self.sources) == 1 else None
+        self.row_wise = self.row_wise and over_held is not None and is_row_wise(over_held, HELD_ROWS)
+        if self.aggregate is not None and (over_held is None or linear_aggregate(over_held, HELD_ROWS) != self.aggregate):
+            self.aggregate = None
         log.info("view %r: %s", view.view_id,
                  "its query is row-wise: its changes are the query over the source's change feed"
-                 if self.row_wise else "its query is evaluated in full at each time")
+                 if self.row_wise else
+                 "its query is a linear aggregate: its changes are its groups' changes from the source's change feed"
+                 if self.aggregate is not None else "its query is evaluated in full at each time")
 
     def _session(self) -> SparkSession:
         """The session the query runs in: for SQL, one of the view's own (its sources' names)."""
@@ -365,17 +398,19 @@ class SnapshotDesired(Desired):
     def _user_schema(self) -> T.StructType:
         result = self._contents(self.schema_versions())
         self.row_wise = is_row_wise(result, TABLE_SCAN)
+        self.aggregate = linear_aggregate(result, TABLE_SCAN)
         return result.schema
 
-    def _reads_rows_given(self) -> bool:
-        """Whether the query over rows held in Spark (none, from the one source, its change feed
-        on) is still row-wise over those rows: it reads what it is given, not a table itself."""
+    def _query_over_held_rows(self) -> DataFrame | None:
+        """The query over rows held in Spark (none, from the one source), if its change feed is
+        on: where it has the shape it has over the source, it reads what it is given, not a
+        table itself, and can be applied to the change feed. None when the feed is off."""
         (name,) = self.sources
         if not self._change_feed_enabled(name):
-            return False
+            return None
         version = self.schema_versions()[name]
         held = self.read_source(name, version, self._session()).limit(0).localCheckpoint(eager=True)
-        return is_row_wise(self._query({name: held}), HELD_ROWS)
+        return self._query({name: held})
 
     def _result_at(self, time: int) -> DataFrame:
         """The query's result over the sources at ``time``'s versions, in the view's columns."""
@@ -392,11 +427,20 @@ class SnapshotDesired(Desired):
         )
 
     def snapshot(self, time: int) -> DataFrame:
-        contents = self._result_at(time)
-        if not self.row_wise:  # kept: the next changes are the difference to it
-            self._remember(time, contents)
+        if self.aggregate is not None:  # its groups' state, held: the next changes move it
+            self._hold_state(time)
+            contents = self.aggregate.output(self._state, self.user_schema)
+        elif self.row_wise:
+            contents = self._result_at(time)
+        else:  # kept: the next changes are the difference to it
+            self._remember(time, self._result_at(time))
             contents = self._previous
         return self._finish(self._as_updates(contents, time, 1))
+
+    def _hold_state(self, time: int) -> None:
+        """The aggregate's state at ``time``, from the sources at its versions, held."""
+        rows = self.aggregate.aggregate_input(self._contents(self.timeline.versions(time)))
+        self._state, self._state_time = self.aggregate.state(rows).localCheckpoint(eager=True), time
 
     @property
     def snapshot_is_stored(self) -> bool:
@@ -407,9 +451,11 @@ class SnapshotDesired(Desired):
         times = [t for t in range(lo, hi + 1) if self.timeline.versions(t) != self.timeline.versions(t - 1)]
         if not times:
             return None
-        if self.row_wise:
+        from_feed = (self._row_wise_changes if self.row_wise
+                     else self._aggregate_changes if self.aggregate is not None else None)
+        if from_feed is not None:
             try:
-                return self._row_wise_changes(times)
+                return from_feed(times)
             except Exception as exc:
                 reason = _unreadable(exc)
                 if reason is None:
@@ -419,20 +465,52 @@ class SnapshotDesired(Desired):
                             reason)
         return self._recomputed_changes(times)
 
+    def _held_feed(self, times: list[int]) -> tuple[DataFrame, bool]:
+        """The one source's change feed over ``times``, held (the query is applied to rows held
+        in Spark, as its shape was checked), and whether it is small (:func:`feed_is_small`)."""
+        (name,) = self.sources
+        spans = [(t, self.timeline.versions(t - 1)[name] + 1, self.timeline.versions(t)[name]) for t in times]
+        first, last = spans[0][1], spans[-1][2]
+        feed = change_feed(self._session(), self.sources[name], spans, first, last).localCheckpoint(eager=True)
+        return feed, feed_is_small(self.sources[name], first, last)
+
+    def _aggregate_changes(self, times: list[int]) -> Changes:
+        """Per time, the groups' state moved by the source's change feed (the aggregate's input
+        over inserted rows at +1, deleted at -1), and the touched groups' output rows before (-1)
+        and after (+1), see :mod:`mvsink.linear_aggregate`. Each time's new state is held: the
+        next step starts from it."""
+        (name,) = self.sources
+        aggregate = self.aggregate
+        if self._state_time != times[0] - 1:  # none held for that time (after a recomputed range)
+            self._hold_state(times[0] - 1)
+        feed, small = self._held_feed(times)
+        parts = []
+        for time in times:
+            changed = reduce(DataFrame.unionByName, [
+                aggregate.rows_as_state(aggregate.aggregate_input(self._query({name: rows})), diff)
+                for diff, rows in self._feed_rows(feed, time)])
+            combined = aggregate.next_state(self._state, changed).localCheckpoint(eager=True)
+            retracted, added = aggregate.changed_rows(combined, self.user_schema)
+            parts += [self._as_updates(added, time, 1), self._as_updates(retracted, time, -1)]
+            self._state, self._state_time = aggregate.kept_state(combined), time
+        return held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key,
+                            one_task=small)
+
+    @staticmethod
+    def _feed_rows(feed: DataFrame, time: int) -> list[tuple[int, DataFrame]]:
+        """The feed's inserted (+1) and deleted (-1) rows at ``time``, in the source's columns."""
+        return [(diff, feed.where((F.col(TIME) == time) & (F.col(DIFF) == diff)).drop(TIME, DIFF))
+                for diff in (1, -1)]
+
     def _row_wise_changes(self, times: list[int]) -> Changes:
         """The query over the source's change feed: per time, over the inserted rows at +1 and
         over the deleted rows at -1 (see :mod:`mvsink.row_wise`)."""
         (name,) = self.sources
-        spans = [(t, self.timeline.versions(t - 1)[name] + 1, self.timeline.versions(t)[name]) for t in times]
-        feed = change_feed(self._session(), self.sources[name], spans, spans[0][1], spans[-1][2])
-        feed = feed.localCheckpoint(eager=True)
-        parts = []
-        for time in times:
-            for diff in (1, -1):
-                rows = feed.where((F.col(TIME) == time) & (F.col(DIFF) == diff)).drop(TIME, DIFF)
-                result = self._query({name: rows})
-                parts.append(self._as_updates(result, time, diff))
-        return held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
+        feed, small = self._held_feed(times)
+        parts = [self._as_updates(self._query({name: rows}), time, diff)
+                 for time in times for diff, rows in self._feed_rows(feed, time)]
+        return held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key,
+                            one_task=small)
 
     def _recomputed_changes(self, times: list[int]) -> Changes:
         """One evaluation per time, the difference to the last result: the new result at +1 and
@@ -450,7 +528,7 @@ class SnapshotDesired(Desired):
             self._remember(time, self._result_at(time))
             parts += [self._as_updates(self._previous, time, 1), self._as_updates(previous, time, -1)]
         updates = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
-        if self.row_wise:
+        if self.row_wise or self.aggregate is not None:  # back to the change feed next time
             self._previous = self._previous_time = None
         return updates
 

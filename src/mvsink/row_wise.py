@@ -27,12 +27,21 @@ def is_row_wise(result: DataFrame, scan: str) -> bool:
     query over a source (:data:`TABLE_SCAN`), or over rows held in Spark (:data:`HELD_ROWS`),
     which shows that the query read the rows it was given and nothing else."""
     plan = result._jdf.queryExecution().optimizedPlan()
-    if not plan.deterministic() or plan.containsPattern(_plan_expression_pattern(result)):
-        return False
+    return plan.deterministic() and not plan_reads_subqueries(result, plan) and plan_is_row_wise(plan, scan)
+
+
+def plan_is_row_wise(plan, scan: str) -> bool:
+    """Whether the logical ``plan`` is row-wise nodes over one ``scan`` leaf (determinism and
+    subqueries aside)."""
     node = plan
     while node.nodeName() in ROW_WISE_NODES:
         node = node.children().head()
     return node.nodeName() == scan and node.children().isEmpty()
+
+
+def plan_reads_subqueries(result: DataFrame, plan) -> bool:
+    """Whether some expression of the logical ``plan`` (of ``result``) holds a plan: a subquery."""
+    return plan.containsPattern(_plan_expression_pattern(result))
 
 
 def _plan_expression_pattern(result: DataFrame):

@@ -36,6 +36,27 @@ def log_actions(table_uri: str, version: int) -> list[dict]:
         return [json.loads(line) for line in f.read().decode().splitlines() if line.strip()]
 
 
+def change_data_bytes(table_uri: str, first: int, last: int, most: int) -> int | None:
+    """The bytes of the data files the change data feed of versions ``first`` to ``last`` reads:
+    each commit's change data files, or, in a commit without them, its added and removed data
+    files. None for more than ``most`` commits, when a commit file is gone (log cleanup), or when
+    a file's size is not in the log (it is optional in a remove)."""
+    if last - first + 1 > most:
+        return None
+    total = 0
+    for version in range(first, last + 1):
+        try:
+            actions = log_actions(table_uri, version)
+        except FileNotFoundError:
+            return None
+        files = [a["cdc"] for a in actions if "cdc" in a] or [
+            f for a in actions for f in (a.get("add"), a.get("remove")) if f and f.get("dataChange", True)]
+        if any("size" not in f for f in files):
+            return None
+        total += sum(f["size"] for f in files)
+    return total
+
+
 def commit_info(table_uri: str, version: int) -> dict:
     """The commit info of ``version`` (empty if it has none)."""
     for action in log_actions(table_uri, version):
