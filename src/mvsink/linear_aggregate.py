@@ -37,11 +37,14 @@ _EXACT_SUM_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.Decima
 @dataclass(frozen=True)
 class Output:
     """One output column: ``kind`` is ``group`` (``column`` is the grouping column), ``rows``
-    (``count(*)``), ``count`` or ``sum`` (of ``column``, a column of the aggregate's input)."""
+    (``count(*)``), ``count`` or ``sum`` (of ``column``, a column of the aggregate's input).
+    A sum of integers is kept as ``decimal(38,0)``: negating a deleted row's value, or a sum on
+    the way, cannot overflow where the query's own sum would not."""
 
     name: str
     kind: str
     column: str | None
+    kept_as: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,8 @@ class LinearAggregate:
             if out.kind == "count":
                 columns.append(nonnull(out.column).alias(_value(i)))
             elif out.kind == "sum":
-                value = F.col(out.column) if diff > 0 else -F.col(out.column)
+                value = F.col(out.column).cast(out.kept_as) if out.kept_as else F.col(out.column)
+                value = value if diff > 0 else -value
                 columns += [value.alias(_value(i)), nonnull(out.column).alias(_nonnull(i))]
         return rows.select(*columns)
 
@@ -176,7 +180,8 @@ def _aggregate(expr, name: str) -> Output | None:
         (argument,) = arguments
         data_type = T._parse_datatype_json_string(argument.dataType().json())
         if _kind(argument) == "AttributeReference" and isinstance(data_type, _EXACT_SUM_TYPES):
-            return Output(name, "sum", argument.name())
+            kept_as = None if isinstance(data_type, T.DecimalType) else "decimal(38,0)"
+            return Output(name, "sum", argument.name(), kept_as)
     return None
 
 
