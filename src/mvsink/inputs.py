@@ -444,7 +444,7 @@ class SnapshotDesired(Desired):
 
     @property
     def snapshot_is_stored(self) -> bool:
-        return True  # a row-wise query over pinned versions, or the query's checkpointed result
+        return True  # a row-wise query over pinned versions, the query's checkpointed result, or its groups' held state
 
     def changes(self, lo: int, hi: int) -> Changes | None:
         """The updates at each time in `[lo, hi]` whose versions differ from the time before."""
