@@ -651,3 +651,11 @@ def through_commits_without_feed(spark, view, src: str, caplog, without_feed: st
     with caplog.at_level(logging.WARNING, logger="mvsink.inputs"):
         view.run_until_caught_up()
     assert not any("cannot be read" in r.getMessage() for r in caplog.records), "from the feed again"
+
+
+def query_over_a_source(spark, tmp_path, sql: str, row: tuple, schema: str):
+    """``sql`` over a Delta source of one ``row`` (registered as ``src``), as a DataFrame."""
+    src = str(tmp_path / "src")
+    create_source(spark, src, [row], schema)
+    spark.read.format("delta").load(src).createOrReplaceTempView("src")
+    return spark.sql(sql)

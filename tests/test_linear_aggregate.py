@@ -9,8 +9,8 @@ from decimal import Decimal
 
 import pytest
 
-from helpers import (create_source, from_the_feed_and_recomputed, insert, query_results_at_every_time,
-                     through_commits_without_feed)
+from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
+                     query_results_at_every_time, through_commits_without_feed)
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition
 from mvsink.linear_aggregate import linear_aggregate
 from mvsink.row_wise import TABLE_SCAN
@@ -39,10 +39,8 @@ QUERY = ("SELECT grp, sub, count(*) AS n, sum(qty) AS qty, count(price) AS price
     ("SELECT a.grp, count(*) AS n FROM src a JOIN src b ON a.id = b.id GROUP BY a.grp", False),
 ])
 def test_which_queries_are_linear_aggregates(spark, tmp_path, sql, linear):
-    src = str(tmp_path / "src")
-    create_source(spark, src, [(1, "a", 1, 2, 1.5, 0.5)], SCHEMA)
-    spark.read.format("delta").load(src).createOrReplaceTempView("src")
-    assert (linear_aggregate(spark.sql(sql), TABLE_SCAN) is not None) is linear
+    query = query_over_a_source(spark, tmp_path, sql, (1, "a", 1, 2, 1.5, 0.5), SCHEMA)
+    assert (linear_aggregate(query, TABLE_SCAN) is not None) is linear
 
 
 def _row(rng: random.Random, i: int) -> tuple:

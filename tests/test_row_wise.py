@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import (create_source, from_the_feed_and_recomputed, insert, query_results_at_every_time,
-                     through_commits_without_feed)
+from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
+                     query_results_at_every_time, through_commits_without_feed)
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view
 from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise
 
@@ -36,10 +36,7 @@ QUERY = ("SELECT id, upper(grp) AS g, amount * 2 AS twice, coalesce(note, 'none'
     ("SELECT id FROM src UNION ALL SELECT id FROM src", False),
 ])
 def test_which_queries_are_row_wise(spark, tmp_path, sql, row_wise):
-    src = str(tmp_path / "src")
-    create_source(spark, src, [(1, "a", 1.0, "n1")], SCHEMA)
-    spark.read.format("delta").load(src).createOrReplaceTempView("src")
-    assert is_row_wise(spark.sql(sql), TABLE_SCAN) is row_wise
+    assert is_row_wise(query_over_a_source(spark, tmp_path, sql, (1, "a", 1.0, "n1"), SCHEMA), TABLE_SCAN) is row_wise
 
 
 def test_a_python_udf_or_a_query_reading_other_rows_is_not_row_wise(spark, tmp_path):
