@@ -659,3 +659,14 @@ def query_over_a_source(spark, tmp_path, sql: str, row: tuple, schema: str):
     create_source(spark, src, [row], schema)
     spark.read.format("delta").load(src).createOrReplaceTempView("src")
     return spark.sql(sql)
+
+
+def random_commit(spark, src: str, rng, update: Callable[[], str], delete: Callable[[], str],
+                  inserts: Callable[[], list[tuple]]) -> None:
+    """One source commit chosen with ``rng``: the SQL ``update()`` (twice as likely), the SQL
+    ``delete()``, or the rows ``inserts()``."""
+    kind = rng.choice(["update", "update", "delete", "insert"])
+    if kind == "insert":
+        insert(spark, src, inserts())
+    else:
+        spark.sql(update() if kind == "update" else delete())

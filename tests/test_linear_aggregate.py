@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
-                     query_results_at_every_time, through_commits_without_feed)
+                     query_results_at_every_time, random_commit, through_commits_without_feed)
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition
 from mvsink.linear_aggregate import linear_aggregate
 from mvsink.row_wise import TABLE_SCAN
@@ -51,18 +51,19 @@ def _row(rng: random.Random, i: int) -> tuple:
 def _edit(spark, src: str, rng: random.Random, next_id: list[int]) -> None:
     """One source commit: values set to null or changed (rows moving between groups), a delete
     (which can empty a group), or inserts (which can start one)."""
-    kind = rng.choice(["update", "update", "delete", "insert"])
-    if kind == "update":
-        spark.sql(f"UPDATE delta.`{src}` SET qty = CASE WHEN qty IS NULL THEN 4 ELSE NULL END, "
-                  f"price = CASE WHEN price IS NULL THEN 1.75 WHEN price > 1 THEN NULL ELSE price + 1 END, "
-                  f"grp = CASE WHEN id % 3 = 0 THEN 'd' ELSE grp END "
-                  f"WHERE pmod(id, {rng.randint(2, 5)}) = {rng.randint(0, 1)}")
-    elif kind == "delete":
-        spark.sql(f"DELETE FROM delta.`{src}` WHERE pmod(id, 4) = {rng.randint(0, 3)} OR grp = 'd'")
-    else:
+    def inserts():
         rows = [_row(rng, next_id[0] + i) for i in range(rng.randint(1, 5))]
         next_id[0] += len(rows)
-        insert(spark, src, rows)
+        return rows
+
+    random_commit(
+        spark, src, rng,
+        update=lambda: (f"UPDATE delta.`{src}` SET qty = CASE WHEN qty IS NULL THEN 4 ELSE NULL END, "
+                        f"price = CASE WHEN price IS NULL THEN 1.75 WHEN price > 1 THEN NULL ELSE price + 1 END, "
+                        f"grp = CASE WHEN id % 3 = 0 THEN 'd' ELSE grp END "
+                        f"WHERE pmod(id, {rng.randint(2, 5)}) = {rng.randint(0, 1)}"),
+        delete=lambda: f"DELETE FROM delta.`{src}` WHERE pmod(id, 4) = {rng.randint(0, 3)} OR grp = 'd'",
+        inserts=inserts)
 
 
 def test_aggregate_changes_equal_the_differences_of_the_query_results(spark, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
-                     query_results_at_every_time, through_commits_without_feed)
+                     query_results_at_every_time, random_commit, through_commits_without_feed)
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view
 from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise
 
@@ -57,16 +57,17 @@ def _random_row(rng: random.Random, i: int) -> tuple:
 def _edit(spark, src: str, rng: random.Random, next_id: list[int]) -> None:
     """One source commit: an update moving rows across the filter, a delete, or inserts (with
     copies of rows already there, so that the keyless view holds duplicates)."""
-    kind = rng.choice(["update", "update", "delete", "insert"])
-    if kind == "update":
-        spark.sql(f"UPDATE delta.`{src}` SET amount = CASE WHEN amount IS NULL THEN 0.75 WHEN amount > 0.5 "
-                  f"THEN 0.25 ELSE NULL END, note = NULL WHERE pmod(id, {rng.randint(2, 4)}) = {rng.randint(0, 1)}")
-    elif kind == "delete":
-        spark.sql(f"DELETE FROM delta.`{src}` WHERE pmod(id, 5) = {rng.randint(0, 4)}")
-    else:
+    def inserts():
         rows = [_random_row(rng, next_id[0] + i) for i in range(rng.randint(1, 4))]
         next_id[0] += len(rows)
-        insert(spark, src, rows + rows[:1])
+        return rows + rows[:1]
+
+    random_commit(
+        spark, src, rng,
+        update=lambda: (f"UPDATE delta.`{src}` SET amount = CASE WHEN amount IS NULL THEN 0.75 WHEN amount > 0.5 "
+                        f"THEN 0.25 ELSE NULL END, note = NULL WHERE pmod(id, {rng.randint(2, 4)}) = {rng.randint(0, 1)}"),
+        delete=lambda: f"DELETE FROM delta.`{src}` WHERE pmod(id, 5) = {rng.randint(0, 4)}",
+        inserts=inserts)
 
 
 def _contents(spark, target: str, view_id: str, time: int) -> Counter:
