@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import reduce
+
 import os
 import signal
 import socket
@@ -593,44 +595,72 @@ def run_racers(target: str, processes: int, rounds: int, out_dir, timeout: float
     return outs
 
 
-def query_results_at_every_time(spark, src: str, sql: str, views: dict[str, str], timeline: str, upper: int) -> None:
+def query_results_at_every_time(spark, src: str, sql: str, views: dict[str, str], timeline: str, upper: int,
+                                key: tuple[str, ...] = ()) -> None:
     """Each view (view id -> target) equals ``sql`` over ``src`` (as ``src``) at the version of
-    every time below ``upper`` on ``timeline``."""
+    every time below ``upper`` on ``timeline``. With ``key``: its ok rows are the result's rows
+    whose key has no null, and its errors one per such row with a null and one per key with
+    several rows (computed here in SQL over the result, not by mvsink's code)."""
     from collections import Counter
 
-    from mvsink import read_view
+    from mvsink import read_view, view_errors
     from mvsink.check import TimelineReader
 
     reader = TimelineReader(timeline)
     for at in range(upper):
         spark.read.format("delta").option("versionAsOf", reader.version(at)).load(src).createOrReplaceTempView("src")
-        expected = Counter(tuple(r) for r in spark.sql(sql).collect())
+        result = spark.sql(sql)
+        expected_errors = Counter()
+        if key:
+            from pyspark.sql import functions as F
+
+            null_key = reduce(lambda a, b: a | b, [F.col(k).isNull() for k in key])
+            message = F.to_json(F.struct(*result.columns), {"ignoreNullFields": "false"})
+            nulls = result.where(null_key).select(F.concat(F.lit(f"null in key column(s) {list(key)} of row "), message))
+            duplicates = (result.where(~null_key).groupBy(*key).count().where(F.col("count") > 1)
+                          .select(F.concat(F.lit("duplicate key "), F.to_json(F.struct(*key)), F.lit(": "),
+                                           F.col("count").cast("string"), F.lit(" rows"))))
+            expected_errors = Counter(r[0] for r in nulls.union(duplicates).collect())
+            result = result.where(~null_key)
+        expected = Counter(tuple(r) for r in result.collect())
         for view_id, target in views.items():
-            got = Counter(tuple(r) for r in read_view(spark, target, view_id, at).collect())
+            got = Counter(tuple(r) for r in read_view(spark, target, view_id, at, errors="ignore" if key else "raise")
+                          .collect())
             assert got == expected, f"view {view_id} at time {at}"
+            if key:
+                errors = Counter(r[0] for r in view_errors(spark, target, at).collect())
+                assert errors == expected_errors, f"view {view_id}'s errors at time {at}"
 
 
-def from_the_feed_and_recomputed(spark, tmp_path, src: str, sql: str, edit: Callable[[], None], rounds: int, rng):
-    """Two keyless views of ``sql`` over ``src``: one as mvsink makes it, one evaluated in full
-    at each time; ``rounds`` times 1-3 ``edit()`` source commits, then both caught up. Both equal
-    the query at every time. Returns the first view (for what it kept)."""
+def from_the_feed_and_recomputed(spark, tmp_path, src: str, sql: str, edit: Callable[[], None], rounds: int, rng,
+                                 key: tuple[str, ...] = ()):
+    """Two views of ``sql`` over ``src`` with ``key``: one as mvsink makes it, one evaluated in
+    full at each time; ``rounds`` times 1-3 ``edit()`` source commits, then both caught up. A
+    second replica of the first, hydrated at the start, catches up only at the end: its changes
+    span every time since. Both equal the query at every time, rows and key errors
+    (:func:`query_results_at_every_time`). Returns the first view (for what it kept)."""
     from mvsink import MaterializedView, SnapshotInput, ViewDefinition
 
-    views = {name: MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=sql),
-                                                          sources={"src": src}, replica_id="r1"))
-             for name in ("from_feed", "recomputed")}
+    def view(name: str, replica: str = "r1"):
+        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=sql), key=key,
+                                                      sources={"src": src}, replica_id=replica))
+
+    views = {name: view(name) for name in ("from_feed", "recomputed")}
     views["recomputed"].desired.row_wise, views["recomputed"].desired.aggregate = False, None
-    for _ in range(rounds + 1):
-        for view in views.values():
-            view.run_until_caught_up()
+    late = view("from_feed", "r2")
+    for round_ in range(rounds + 1):
+        for each in views.values():
+            each.run_until_caught_up()
+        if round_ == 0:
+            late.run_until_caught_up()
         for _ in range(rng.randint(1, 3)):
             edit()
-    for view in views.values():
-        view.run_until_caught_up()
+    for each in [*views.values(), late]:
+        each.run_until_caught_up()
     upper = views["from_feed"].observed_upper
     assert upper == views["recomputed"].observed_upper >= rounds
-    query_results_at_every_time(spark, src, sql, {n: str(tmp_path / n) for n in views},
-                                str(tmp_path / "from_feed") + "_timeline", upper)
+    targets = {n: str(tmp_path / n) for n in views}
+    query_results_at_every_time(spark, src, sql, targets, targets["from_feed"] + "_timeline", upper, key)
     return views["from_feed"]
 
 

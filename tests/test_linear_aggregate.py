@@ -11,7 +11,7 @@ import pytest
 
 from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
                      query_results_at_every_time, random_commit, through_commits_without_feed)
-from mvsink import MaterializedView, SnapshotInput, ViewDefinition
+from mvsink import MaterializedView, SnapshotInput, ViewDefinition, inputs, view_errors
 from mvsink.linear_aggregate import linear_aggregate
 from mvsink.row_wise import TABLE_SCAN
 
@@ -66,18 +66,35 @@ def _edit(spark, src: str, rng: random.Random, next_id: list[int]) -> None:
         inserts=inserts)
 
 
-def test_aggregate_changes_equal_the_differences_of_the_query_results(spark, tmp_path):
+@pytest.mark.parametrize("sql, key, rounds, one_task", [
+    (QUERY, (), 7, True),
+    # grp is not an output: rows of different groups can be equal, the updates are consolidated
+    ("SELECT sub, count(*) AS n, sum(qty) AS qty FROM src GROUP BY grp, sub", (), 5, True),
+    (QUERY, ("grp", "sub"), 5, False),      # the grouping columns: groups with a null are errors
+    (QUERY, ("sub",), 5, True),             # part of them: keys with several rows, appearing and ending
+    (QUERY, ("grp", "sub", "n"), 5, False),  # with an aggregate: a group's key changes with its count
+], ids=["keyless", "equal-rows", "key-groups", "key-part", "key-aggregate"])
+def test_aggregate_changes_equal_the_differences_of_the_query_results(spark, tmp_path, monkeypatch, sql, key,
+                                                                        rounds, one_task):
     """The same view twice, one from the change feed (linear aggregate), one recomputed in full;
-    several commits per time. At every time both equal the query over the source's version. It
-    has no key: groups with null values are rows of the view (in a keyed view, errors)."""
+    several commits per time, and a replica that catches up over many times at once. Both equal
+    the query over the source's version at every time: its rows (groups with null values are
+    rows of a keyless view) and, keyed, its key errors. The state is moved in one task (few
+    groups, a small feed) or, as for many groups, shuffled by group."""
+    if not one_task:
+        monkeypatch.setattr(inputs, "ONE_TASK_GROUPS", -1)
     rng = random.Random(11)
     src = str(tmp_path / "src")
     create_source(spark, src, [_row(rng, i) for i in range(40)], SCHEMA)
     next_id = [100]
-    view = from_the_feed_and_recomputed(spark, tmp_path, src, QUERY, lambda: _edit(spark, src, rng, next_id),
-                                        rounds=7, rng=rng)
+    view = from_the_feed_and_recomputed(spark, tmp_path, src, sql, lambda: _edit(spark, src, rng, next_id),
+                                        rounds=rounds, rng=rng, key=key)
     assert view.desired.aggregate is not None
     assert view.desired._previous is None, "a linear aggregate keeps its state, not its result"
+    if key:
+        errors = {r[0].split(" ")[0] for t in range(view.observed_upper)
+                  for r in view_errors(spark, str(tmp_path / "from_feed"), t).collect()}
+        assert "null" in errors and ("duplicate" in errors) == (key == ("sub",)), errors
 
 
 def test_an_aggregate_whose_feed_is_gone_is_recomputed_for_that_range(spark, tmp_path, caplog):

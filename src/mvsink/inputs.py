@@ -46,9 +46,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.correction import checkpointed
+from mvsink.correction import checkpointed, held_observing
 from mvsink.key_check import key_count_change
-from mvsink.linear_aggregate import LinearAggregate, linear_aggregate
+from mvsink.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
 from mvsink.row_errors import map_rows, null_key_errors
 from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise
 from mvsink.table import change_data_bytes, latest_version, spark_uri
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 _CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 _NET = "_mv_net"
-_OBSERVED = "mvsink_held_changes"
+_OBSERVED, _MOVED = "mvsink_held_changes", "mvsink_moved_groups"
 
 #: Error conditions of a change feed (or snapshot) read that no retry can cure.
 _UNREADABLE = ("DELTA_MISSING_CHANGE_DATA", "FILE_NOT_EXIST", "FileNotFoundException", "DATA_TYPE_MISMATCH",
@@ -93,20 +93,17 @@ def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bo
         return Changes(kept, size, lo)
     spread = updates.coalesce(1) if one_task else updates.repartition(*key)
     consolidated = consolidate(spread).withColumn(_NET, key_count_change(key))
-    observed = consolidated.observe(
-        _OBSERVED, F.count(F.lit(1)).alias("size"),
-        F.coalesce(F.max(F.col(_NET) != 0), F.lit(False)).alias("changed")).drop(_NET)
-    kept = observed.localCheckpoint(eager=True)
-    # The metrics of the action that just ran, read from its query execution (not waited for).
-    metrics = observed._jdf.queryExecution().observedMetrics()
-    if not metrics.contains(_OBSERVED):
-        raise RuntimeError("Spark reported no observed metrics for the held changes")
-    row = metrics.get(_OBSERVED).get()
-    return Changes(kept, row.get(0), lo, row.get(1))
+    kept, (size, changed) = held_observing(
+        consolidated, _OBSERVED, F.count(F.lit(1)).alias("size"),
+        F.coalesce(F.max(F.col(_NET) != 0), F.lit(False)).alias("changed"), keep=updates.columns)
+    return Changes(kept, size, lo, changed)
 
 
 #: The change data feed files one task reads and consolidates (see :func:`feed_is_small`).
 ONE_TASK_BYTES = 8 << 20
+#: The most groups a linear aggregate's state may have to be moved in one task (see
+#: :meth:`SnapshotDesired._aggregate_changes`).
+ONE_TASK_GROUPS = 100_000
 #: Commits whose log entries are read to size a change feed; a longer range is not sized.
 _SIZED_COMMITS = 16
 
@@ -341,15 +338,19 @@ class SnapshotDesired(Desired):
         #: Whether the changes are the query over the source's change feed (:mod:`mvsink.row_wise`).
         self.row_wise = False
         #: The query's shape if it is a linear aggregate (:mod:`mvsink.linear_aggregate`), its
-        #: state (per group) at ``_state_time``.
+        #: state (``_state_groups`` groups) at ``_state_time``.
         self.aggregate: LinearAggregate | None = None
+        self._groups: GroupStates | None = None
         self._state: DataFrame | None = None
         self._state_time: int | None = None
+        self._state_groups = 0
         super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
         over_held = self._query_over_held_rows() if len(self.sources) == 1 else None
         self.row_wise = self.row_wise and over_held is not None and is_row_wise(over_held, HELD_ROWS)
         if self.aggregate is not None and (over_held is None or linear_aggregate(over_held, HELD_ROWS) != self.aggregate):
             self.aggregate = None
+        if self.aggregate is not None:
+            self._groups = GroupStates(self.aggregate, self.user_schema, view.key)
         log.info("view %r: %s", view.view_id,
                  "its query is row-wise: its changes are the query over the source's change feed"
                  if self.row_wise else
@@ -420,16 +421,18 @@ class SnapshotDesired(Desired):
         self._previous = contents.localCheckpoint(eager=True)
         self._previous_time = time
 
-    def _as_updates(self, rows: DataFrame, time: int, diff: int) -> DataFrame:
+    def _as_updates(self, rows: DataFrame, time: int, diff: int | None = None) -> DataFrame:
+        """``rows`` (the view's columns) as ok updates at ``time`` with ``diff`` (None: the
+        rows' own ``DIFF`` column)."""
         return rows.select(
             *self.user_schema.names, F.lit(None).cast("string").alias(ERROR),
-            F.lit(time).cast("long").alias(TIME), F.lit(diff).cast("long").alias(DIFF),
+            F.lit(time).cast("long").alias(TIME), (F.col(DIFF) if diff is None else F.lit(diff).cast("long")).alias(DIFF),
         )
 
     def snapshot(self, time: int) -> DataFrame:
         if self.aggregate is not None:  # its groups' state, held: the next changes move it
             self._hold_state(time)
-            contents = self.aggregate.output(self._state, self.user_schema)
+            contents = self._groups.output(self._state)
         elif self.row_wise:
             contents = self._result_at(time)
         else:  # kept: the next changes are the difference to it
@@ -440,7 +443,7 @@ class SnapshotDesired(Desired):
     def _hold_state(self, time: int) -> None:
         """The aggregate's state at ``time``, from the sources at its versions, held."""
         rows = self.aggregate.aggregate_input(self._contents(self.timeline.versions(time)))
-        self._state, self._state_time = self.aggregate.state(rows).localCheckpoint(eager=True), time
+        (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(rows)), time
 
     @property
     def snapshot_is_stored(self) -> bool:
@@ -465,36 +468,44 @@ class SnapshotDesired(Desired):
                             reason)
         return self._recomputed_changes(times)
 
-    def _held_feed(self, times: list[int]) -> tuple[DataFrame, bool]:
-        """The one source's change feed over ``times``, held (the query is applied to rows held
-        in Spark, as its shape was checked), and whether it is small (:func:`feed_is_small`)."""
+    def _feed(self, times: list[int]) -> tuple[DataFrame, int, int]:
+        """The one source's change feed over ``times`` (lazy; the query is applied to rows held
+        in Spark, as its shape was checked), and its first and last source versions."""
         (name,) = self.sources
         spans = [(t, self.timeline.versions(t - 1)[name] + 1, self.timeline.versions(t)[name]) for t in times]
         first, last = spans[0][1], spans[-1][2]
-        feed = change_feed(self._session(), self.sources[name], spans, first, last).localCheckpoint(eager=True)
-        return feed, feed_is_small(self.sources[name], first, last)
+        return change_feed(self._session(), self.sources[name], spans, first, last), first, last
 
     def _aggregate_changes(self, times: list[int]) -> Changes:
         """Per time, the groups' state moved by the source's change feed (the aggregate's input
-        over inserted rows at +1, deleted at -1), and the touched groups' output rows before (-1)
-        and after (+1), see :mod:`mvsink.linear_aggregate`. Each time's new state is held: the
-        next step starts from it."""
+        over inserted rows at +1, deleted at -1), and the moved groups' output rows before (-1)
+        and after (+1), see :mod:`mvsink.linear_aggregate`. Each time's new state and its updates
+        are held by one Spark job, which also counts them (in one task where the feed and the
+        groups are small); where distinct groups have distinct rows, the updates are consolidated
+        as they are. The next step starts from the last state."""
         (name,) = self.sources
-        aggregate = self.aggregate
+        aggregate, groups = self.aggregate, self._groups
         if self._state_time != times[0] - 1:  # none held for that time (after a recomputed range)
             self._hold_state(times[0] - 1)
-        feed, small = self._held_feed(times)
-        parts = []
+        feed, first, last = self._feed(times)
+        if len(times) > 1:  # read once for all the times, not once per time
+            feed = feed.localCheckpoint(eager=True)
+        small = feed_is_small(self.sources[name], first, last)
+        parts, size, key_moves = [], 0, False
         for time in times:
             changed = reduce(DataFrame.unionByName, [
-                aggregate.rows_as_state(aggregate.aggregate_input(self._query({name: rows})), diff)
+                groups.rows_as_state(aggregate.aggregate_input(self._query({name: rows})), diff)
                 for diff, rows in self._feed_rows(feed, time)])
-            combined = aggregate.next_state(self._state, changed).localCheckpoint(eager=True)
-            retracted, added = aggregate.changed_rows(combined, self.user_schema)
-            parts += [self._as_updates(added, time, 1), self._as_updates(retracted, time, -1)]
-            self._state, self._state_time = aggregate.kept_state(combined), time
-        return held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key,
-                            one_task=small)
+            one_task = small and self._state_groups <= ONE_TASK_GROUPS
+            combined, (moved, moves, kept) = held_observing(
+                groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement)
+            size, key_moves = size + moved, key_moves or moves
+            parts.append(self._as_updates(groups.updates(combined), time))
+            self._state, self._state_time, self._state_groups = groups.kept_state(combined), time, kept
+        updates = self._finish(reduce(DataFrame.unionByName, parts))
+        if not aggregate.rows_are_distinct:
+            return held_changes(updates, times[0], self.view.key)
+        return Changes(updates, size, times[0], key_moves if self.view.key else None)
 
     @staticmethod
     def _feed_rows(feed: DataFrame, time: int) -> list[tuple[int, DataFrame]]:
@@ -503,10 +514,11 @@ class SnapshotDesired(Desired):
                 for diff in (1, -1)]
 
     def _row_wise_changes(self, times: list[int]) -> Changes:
-        """The query over the source's change feed: per time, over the inserted rows at +1 and
-        over the deleted rows at -1 (see :mod:`mvsink.row_wise`)."""
+        """The query over the source's change feed (held): per time, over the inserted rows at +1
+        and over the deleted rows at -1 (see :mod:`mvsink.row_wise`)."""
         (name,) = self.sources
-        feed, small = self._held_feed(times)
+        feed, first, last = self._feed(times)
+        feed, small = feed.localCheckpoint(eager=True), feed_is_small(self.sources[name], first, last)
         parts = [self._as_updates(self._query({name: rows}), time, diff)
                  for time in times for diff, rows in self._feed_rows(feed, time)]
         return held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key,

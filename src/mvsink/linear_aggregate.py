@@ -22,15 +22,20 @@ versions (each column cast to the query's type).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mvsink.row_wise import plan_is_row_wise, plan_reads_subqueries
+from mvsink.updates import DIFF
 
 #: State columns: each group column, the group's row count, each aggregate's value and non-nulls.
 _N, _TOUCHED = "_mv_n", "_mv_touched"
+#: Columns of :meth:`LinearAggregate.next_state`: whether a group's row before is retracted, after
+#: added, and whether that may change a key's row count.
+_RETRACT, _ADD, _KEY_MOVES = "_mv_retract", "_mv_add", "_mv_key_moves"
 _EXACT_SUM_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType)
 
 
@@ -62,74 +67,118 @@ class LinearAggregate:
         jvm = spark.sparkContext._jvm
         return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, plan.child()), spark)
 
+    @property
+    def rows_are_distinct(self) -> bool:
+        """Whether distinct groups have distinct output rows: every grouping column is an output.
+        Then the updates of :meth:`GroupStates.updates` are consolidated as they are: per time,
+        each group has at most one row retracted and one, different, added."""
+        return all(any(o.kind == "group" and o.column == g for o in self.outputs) for g in self.groups)
+
+
+class GroupStates:
+    """A linear aggregate's state per group, and how the change feed moves it, for one view (the
+    query's output ``schema``, the view's ``key``).
+
+    Its Spark expressions are built once, here: a step only composes DataFrames of them (each
+    expression built is a round trip to the JVM; a step's few hundred cost a tenth of a second)."""
+
+    def __init__(self, aggregate: LinearAggregate, schema: T.StructType, key: tuple[str, ...]):
+        self.aggregate = aggregate
+        outputs = aggregate.outputs
+        self._groups = [F.col(_group(i)) for i in range(len(aggregate.groups))]
+        state = [_N] + [c for i, out in enumerate(outputs)
+                        for c in {"count": [_value(i)], "sum": [_value(i), _nonnull(i)]}.get(out.kind, [])]
+        self._state = [*self._groups, *[F.col(c) for c in state]]
+        self._as_state = {diff: self._state_row(diff) for diff in (1, -1)}
+        self._grouped = [F.sum(c).alias(c) for c in state]
+        touched = F.col(_TOUCHED)
+        self._sums = ([F.sum(F.when(~touched, F.col(c))).alias(_before(c)) for c in state] + self._grouped
+                      + [F.max(touched).alias(_TOUCHED)])
+        before, after = self._output_values(schema, _before), self._output_values(schema, lambda c: c)
+        differs = ~reduce(Column.__and__, [b.eqNullSafe(a) for b, a in zip(before, after)])
+        retract = touched & differs & (F.coalesce(F.col(_before(_N)), F.lit(0)) > 0)
+        add = touched & differs & (F.col(_N) > 0)
+        # A key of grouping columns only has the same value before and after: its count changes
+        # only where a group's row appears or disappears. Otherwise any row moved may move a key.
+        groups_only = all(any(o.kind == "group" and o.name == k for o in outputs) for k in key)
+        key_moves = (retract != add) if groups_only else (retract | add)
+        self._moves = [F.col("*"), retract.alias(_RETRACT), add.alias(_ADD), key_moves.alias(_KEY_MOVES)]
+        #: Aggregates over :meth:`next_state`'s rows: how many updates :meth:`updates` makes of
+        #: them, whether a key's row count may change (False where none may), how many groups remain.
+        self.movement = [
+            F.coalesce(F.sum(F.col(_RETRACT).cast("long") + F.col(_ADD).cast("long")), F.lit(0)).alias("size"),
+            F.coalesce(F.max(_KEY_MOVES), F.lit(False)).alias("key_moves"),
+            F.coalesce(F.sum((F.col(_N) > 0).cast("long")), F.lit(0)).alias("groups")]
+        self._has_rows, self._moved = F.col(_N) > 0, F.col(_RETRACT) | F.col(_ADD)
+
+        def row(values: list[Column], diff: int, when: str) -> Column:
+            fields = [v.alias(f.name) for v, f in zip(values, schema.fields)] + [F.lit(diff).cast("long").alias(DIFF)]
+            return F.when(F.col(when), F.struct(*fields))
+        rows = F.array(row(before, -1, _RETRACT), row(after, 1, _ADD))
+        self._updates = F.inline(F.filter(rows, lambda r: r.isNotNull()))
+        self._output = [v.alias(f.name) for v, f in zip(after, schema.fields)]
+
     def rows_as_state(self, rows: DataFrame, diff: int) -> DataFrame:
         """``rows`` (the aggregate's input rows), each at ``diff``, as a state of one row each
         (not grouped: :meth:`state` and :meth:`next_state` sum them per group)."""
+        return rows.select(*self._as_state[diff])
+
+    def state(self, rows: DataFrame) -> DataFrame:
+        """The state of ``rows`` (the aggregate's input rows): one row per group."""
+        return self.rows_as_state(rows, 1).groupBy(*self._groups).agg(*self._grouped)
+
+    def next_state(self, state: DataFrame, changed_rows: DataFrame, one_task: bool = False) -> DataFrame:
+        """Per group of ``state`` or ``changed_rows`` (from :meth:`rows_as_state`): its state before
+        and after them, whether its output row before is retracted and after added (touched, and
+        the row differs), and whether that may change the row count of a key of the view. Null
+        group values group together, as in the query. One grouping of both: one shuffle, or
+        with ``one_task`` (both are small) one task and none."""
+        tagged = state.withColumn(_TOUCHED, F.lit(False)).unionByName(changed_rows.withColumn(_TOUCHED, F.lit(True)))
+        if one_task:
+            tagged = tagged.coalesce(1)
+        return tagged.groupBy(*self._groups).agg(*self._sums).select(*self._moves)
+
+    def kept_state(self, combined: DataFrame) -> DataFrame:
+        """The state after, from :meth:`next_state`: the groups that still have rows."""
+        return combined.where(self._has_rows).select(*self._state)
+
+    def updates(self, combined: DataFrame) -> DataFrame:
+        """The output rows that :meth:`next_state` retracts (diff -1) and adds (+1), in one pass
+        over it."""
+        return combined.where(self._moved).select(self._updates)
+
+    def output(self, state: DataFrame) -> DataFrame:
+        """The query's result held by ``state``."""
+        return state.select(*self._output)
+
+    def _state_row(self, diff: int) -> list[Column]:
+        """The columns of :meth:`rows_as_state` at ``diff``."""
         d = F.lit(diff).cast("long")
         nonnull = lambda column: F.when(F.col(column).isNotNull(), d).otherwise(F.lit(0).cast("long"))  # noqa: E731
-        columns = [F.col(g).alias(_group(i)) for i, g in enumerate(self.groups)] + [d.alias(_N)]
-        for i, out in enumerate(self.outputs):
+        columns = [F.col(g).alias(_group(i)) for i, g in enumerate(self.aggregate.groups)] + [d.alias(_N)]
+        for i, out in enumerate(self.aggregate.outputs):
             if out.kind == "count":
                 columns.append(nonnull(out.column).alias(_value(i)))
             elif out.kind == "sum":
                 value = F.col(out.column).cast(out.kept_as) if out.kept_as else F.col(out.column)
-                value = value if diff > 0 else -value
-                columns += [value.alias(_value(i)), nonnull(out.column).alias(_nonnull(i))]
-        return rows.select(*columns)
-
-    def state(self, rows: DataFrame) -> DataFrame:
-        """The state of ``rows`` (the aggregate's input rows): one row per group."""
-        return self.rows_as_state(rows, 1).groupBy(*self._group_columns()).agg(
-            *[F.sum(c).alias(c) for c in self._state_columns()])
-
-    def next_state(self, state: DataFrame, changed_rows: DataFrame) -> DataFrame:
-        """Per group of ``state`` or ``changed_rows`` (from :meth:`rows_as_state`): its state before
-        and after them, and whether they touch it. Null group values group together, as in the
-        query; one grouping of both, one shuffle."""
-        tagged = state.withColumn(_TOUCHED, F.lit(False)).unionByName(changed_rows.withColumn(_TOUCHED, F.lit(True)))
-        sums = [F.sum(F.when(~F.col(_TOUCHED), F.col(c))).alias(_before(c)) for c in self._state_columns()]
-        sums += [F.sum(c).alias(c) for c in self._state_columns()]
-        return tagged.groupBy(*self._group_columns()).agg(*sums, F.max(_TOUCHED).alias(_TOUCHED))
-
-    def kept_state(self, combined: DataFrame) -> DataFrame:
-        """The state after, from :meth:`next_state`: the groups that still have rows."""
-        return combined.where(F.col(_N) > 0).select(*self._group_columns(), *self._state_columns())
-
-    def changed_rows(self, combined: DataFrame, schema: T.StructType) -> tuple[DataFrame, DataFrame]:
-        """The output rows of the touched groups of :meth:`next_state`: before (to retract) and
-        after (to add), in ``schema`` (the query's columns and types)."""
-        touched = combined.where(F.col(_TOUCHED))
-        before = touched.where(F.coalesce(F.col(_before(_N)), F.lit(0)) > 0)
-        after = touched.where(F.col(_N) > 0)
-        return (before.select(*self._output_columns(schema, _before)),
-                after.select(*self._output_columns(schema, lambda c: c)))
-
-    def output(self, state: DataFrame, schema: T.StructType) -> DataFrame:
-        """The query's result held by ``state``."""
-        return state.select(*self._output_columns(schema, lambda c: c))
-
-    def _group_columns(self) -> list[str]:
-        return [_group(i) for i in range(len(self.groups))]
-
-    def _state_columns(self) -> list[str]:
-        columns = [_N]
-        for i, out in enumerate(self.outputs):
-            columns += {"count": [_value(i)], "sum": [_value(i), _nonnull(i)]}.get(out.kind, [])
+                columns += [(value if diff > 0 else -value).alias(_value(i)), nonnull(out.column).alias(_nonnull(i))]
         return columns
 
-    def _output_columns(self, schema: T.StructType, name) -> list[Column]:
-        columns = []
-        for i, (out, field) in enumerate(zip(self.outputs, schema.fields)):
+    def _output_values(self, schema: T.StructType, name) -> list[Column]:
+        """The output columns' values (cast to ``schema``'s types) from the state columns
+        ``name(column)``."""
+        values = []
+        for i, (out, field) in enumerate(zip(self.aggregate.outputs, schema.fields)):
             if out.kind == "group":
-                value = F.col(_group(self.groups.index(out.column)))
+                value = F.col(_group(self.aggregate.groups.index(out.column)))
             elif out.kind == "rows":
                 value = F.col(name(_N))
             elif out.kind == "count":
                 value = F.col(name(_value(i)))
             else:
                 value = F.when(F.col(name(_nonnull(i))) > 0, F.col(name(_value(i))))
-            columns.append(value.cast(field.dataType).alias(field.name))
-        return columns
+            values.append(value.cast(field.dataType))
+        return values
 
 
 def linear_aggregate(result: DataFrame, scan: str) -> LinearAggregate | None:

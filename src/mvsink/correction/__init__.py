@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from functools import reduce
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -46,6 +46,20 @@ def checkpointed(frame: DataFrame) -> tuple[DataFrame, int]:
     would add an aggregation and, under adaptive execution, a job of its own."""
     kept = frame.localCheckpoint(eager=False)
     return kept, kept._jdf.javaRDD().count()
+
+
+def held_observing(frame: DataFrame, name: str, *metrics: Column,
+                   keep: list[str] | None = None) -> tuple[DataFrame, list]:
+    """``frame`` (its columns ``keep``, default all) kept in Spark's block manager, and the
+    values of ``metrics`` (aggregates over its rows) observed by the same Spark job."""
+    observed = frame.observe(name, *metrics).select(*(keep or frame.columns))
+    kept = observed.localCheckpoint(eager=True)
+    # The metrics of the action that just ran, read from its query execution (not waited for).
+    reported = observed._jdf.queryExecution().observedMetrics()
+    if not reported.contains(name):
+        raise RuntimeError(f"Spark reported no observed metrics {name!r}")
+    row = reported.get(name).get()
+    return kept, [row.get(i) for i in range(len(metrics))]
 
 
 class CorrectionBuffer:
