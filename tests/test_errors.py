@@ -15,7 +15,7 @@ from helpers import JOB, ROOT, create_source, insert, write_config
 from mvsink import (ChangesInput, ConfigError, MaterializedView, TimeWentBackwards, ViewDefinition,
                     ViewInError, load_config, read_view, view_errors)
 from mvsink.inputs import change_feed
-from mvsink.row_errors import null_key_errors
+from mvsink.row_errors import NullKeyErrors
 from mvsink.target import create_target
 from mvsink.updates import ERROR, table_schema
 
@@ -151,8 +151,8 @@ def test_a_not_null_key_is_not_checked_and_a_nullable_one_is(spark, tmp_path):
     with pytest.raises(Exception, match="NOT NULL|null"):
         insert(spark, src, [(None, "b")])
     feed = change_feed(spark, src, [(1, 1, 1)], 1, 1).withColumn(ERROR, F.lit(None).cast("string"))
-    assert null_key_errors(feed, ("id",)) is feed
+    assert NullKeyErrors(("id",))(feed) is feed
     nullable = spark.createDataFrame([(None, "b", None, 1, 1)], "id BIGINT, v STRING, _mv_error STRING, "
                                                                "_mv_time BIGINT, _mv_diff BIGINT")
-    (row,) = null_key_errors(nullable, ("id",)).collect()
+    (row,) = NullKeyErrors(("id",))(nullable).collect()
     assert row.id is None and row._mv_error.startswith("null in key column(s) ['id']")

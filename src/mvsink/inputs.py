@@ -39,17 +39,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from functools import reduce
+from functools import cache, reduce
 
 from pyspark.errors import AnalysisException, ParseException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed, held_observing
 from mvsink.key_check import key_count_change
 from mvsink.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
-from mvsink.row_errors import map_rows, null_key_errors
+from mvsink.row_errors import NullKeyErrors, map_rows
 from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise
 from mvsink.table import change_data_bytes, latest_version, spark_uri
 from mvsink.timeline import Timeline
@@ -143,16 +143,19 @@ def change_feed(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
         .option("startingVersion", first).option("endingVersion", last).load(spark_uri(path))
     )
     # Each commit's time, as an expression over the spans (few: one per time), not a join.
-    time_of_commit = F.lit(None).cast("long")
-    for time, first_version, last_version in reversed(spans):
+    time_of_commit = F.lit(spans[0][0]) if len(spans) == 1 else F.lit(None)
+    for time, first_version, last_version in reversed(spans if len(spans) > 1 else []):
         time_of_commit = F.when(F.col("_commit_version").between(first_version, last_version),
                                 F.lit(time)).otherwise(time_of_commit)
-    diff = (
-        F.when(F.col("_change_type").isin("insert", "update_postimage"), F.lit(1))
-        .when(F.col("_change_type").isin("delete", "update_preimage"), F.lit(-1))
-    )
     source_cols = [c for c in feed.columns if c not in _CDF_COLUMNS]
-    return feed.select(*source_cols, time_of_commit.cast("long").alias(TIME), diff.cast("long").alias(DIFF))
+    return feed.select(*source_cols, time_of_commit.cast("long").alias(TIME), _change_diff())
+
+
+@cache
+def _change_diff() -> Column:
+    """A change feed row's diff: +1 inserted or post-image, -1 deleted or pre-image (built once)."""
+    return (F.when(F.col("_change_type").isin("insert", "update_postimage"), F.lit(1))
+            .when(F.col("_change_type").isin("delete", "update_preimage"), F.lit(-1)).cast("long").alias(DIFF))
 
 
 class Desired:
@@ -163,6 +166,7 @@ class Desired:
         self.view = view
         self.timeline = timeline
         self.sources = dict(view.sources)
+        self._null_key_errors = NullKeyErrors(view.key)
         for name, path in self.sources.items():
             if latest_version(path) is None:
                 raise ConfigError(f"source {name} ({path}) of view {view.view_id!r} is not a Delta table")
@@ -203,7 +207,7 @@ class Desired:
 
     def _finish(self, updates: DataFrame) -> DataFrame:
         """Updates in the table schema, with null-key rows turned into errors."""
-        return null_key_errors(updates, self.view.key).select(*self.schema.names)
+        return self._null_key_errors(updates).select(*self.schema.names)
 
     def _user_schema(self) -> T.StructType:
         raise NotImplementedError

@@ -17,6 +17,8 @@ case for ids), each partition answers that for its own rows and no row is shuffl
 
 from __future__ import annotations
 
+from functools import cache
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
@@ -28,11 +30,13 @@ from mvsink.updates import DIFF, ERROR, TIME, advance_times, negate
 _POINT = "_mv_point"
 
 
+@cache
 def key_count_change(key: tuple[str, ...]) -> Column:
     """Over updates partitioned by ``key``: the change of the row's key's row count at the row's
     time (the sum of the ok updates' diffs with that key and time; 0 for error updates and null
     keys, which no count holds). Where it is 0 for every update, no key's count changed, and
-    neither did any key violation: an update replacing a row (-old, +new) cannot make or end one."""
+    neither did any key violation: an update replacing a row (-old, +new) cannot make or end one.
+    Built once per key (an unresolved expression, usable in any plan): a step builds none."""
     ok = F.col(ERROR).isNull() & _all_not_null(list(key))
     net = F.when(ok, F.col(DIFF)).otherwise(F.lit(0).cast("long"))
     return F.sum(net).over(Window.partitionBy(*key, TIME))

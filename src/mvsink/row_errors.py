@@ -20,7 +20,7 @@ from typing import Callable
 
 import pyarrow as pa
 from pyspark import cloudpickle
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -107,15 +107,33 @@ def _to_batch(results, user_names, arrow_schema: pa.Schema) -> pa.RecordBatch:
 _CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
 
 
-def null_key_errors(updates: DataFrame, key: tuple[str, ...]) -> DataFrame:
-    """Ok updates with a null key column replaced by error updates naming the row.
+class NullKeyErrors:
+    """Ok updates with a null in a column of ``key`` replaced by error updates naming the row.
 
     Key columns Spark knows to be non-nullable (``NOT NULL`` in the source) hold no null: the
-    updates are returned as they are (Spark would fold the check away itself)."""
-    nullable = {f.name: f.nullable for f in updates.schema.fields}
+    updates are returned as they are (Spark would fold the check away itself). The expressions
+    are built once per schema of updates: a step builds none (each is a round trip to the JVM)."""
+
+    def __init__(self, key: tuple[str, ...]):
+        self.key = key
+        self._columns: dict[str, list[Column] | None] = {}
+
+    def __call__(self, updates: DataFrame) -> DataFrame:
+        schema = updates.schema
+        signature = schema.json()
+        if signature not in self._columns:
+            self._columns[signature] = _null_key_columns(schema, self.key)
+        columns = self._columns[signature]
+        return updates if columns is None else updates.select(*columns)
+
+
+def _null_key_columns(schema: T.StructType, key: tuple[str, ...]) -> list[Column] | None:
+    """The columns of :class:`NullKeyErrors` over updates of ``schema``; None if no key column
+    is nullable."""
+    nullable = {f.name: f.nullable for f in schema.fields}
     if not any(nullable[k] for k in key):
-        return updates
-    user = [c for c in updates.columns if c not in (ERROR, TIME, DIFF)]
+        return None
+    user = [c for c in schema.names if c not in (ERROR, TIME, DIFF)]
     null_key = reduce_or([F.col(k).isNull() for k in key])
     is_bad = F.col(ERROR).isNull() & null_key
     message = F.concat(
@@ -124,7 +142,7 @@ def null_key_errors(updates: DataFrame, key: tuple[str, ...]) -> DataFrame:
     )
     cols = [F.when(is_bad, F.lit(None)).otherwise(F.col(c)).alias(c) for c in user]
     cols.append(F.when(is_bad, message).otherwise(F.col(ERROR)).alias(ERROR))
-    return updates.select(*cols, TIME, DIFF)
+    return cols + [F.col(TIME), F.col(DIFF)]
 
 
 def reduce_or(conditions):
