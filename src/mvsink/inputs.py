@@ -143,10 +143,13 @@ def change_feed(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
         .option("startingVersion", first).option("endingVersion", last).load(spark_uri(path))
     )
     # Each commit's time, as an expression over the spans (few: one per time), not a join.
-    time_of_commit = F.lit(spans[0][0]) if len(spans) == 1 else F.lit(None)
-    for time, first_version, last_version in reversed(spans if len(spans) > 1 else []):
-        time_of_commit = F.when(F.col("_commit_version").between(first_version, last_version),
-                                F.lit(time)).otherwise(time_of_commit)
+    if len(spans) == 1:  # every commit read is in it
+        time_of_commit = F.lit(spans[0][0])
+    else:
+        time_of_commit = F.lit(None)
+        for time, first_version, last_version in reversed(spans):
+            time_of_commit = F.when(F.col("_commit_version").between(first_version, last_version),
+                                    F.lit(time)).otherwise(time_of_commit)
     source_cols = [c for c in feed.columns if c not in _CDF_COLUMNS]
     return feed.select(*source_cols, time_of_commit.cast("long").alias(TIME), _change_diff())
 
@@ -430,7 +433,8 @@ class SnapshotDesired(Desired):
         rows' own ``DIFF`` column)."""
         return rows.select(
             *self.user_schema.names, F.lit(None).cast("string").alias(ERROR),
-            F.lit(time).cast("long").alias(TIME), (F.col(DIFF) if diff is None else F.lit(diff).cast("long")).alias(DIFF),
+            F.lit(time).cast("long").alias(TIME),
+            (F.col(DIFF) if diff is None else F.lit(diff).cast("long")).alias(DIFF),
         )
 
     def snapshot(self, time: int) -> DataFrame:
