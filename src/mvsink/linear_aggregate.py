@@ -33,7 +33,7 @@ from mvsink.updates import DIFF
 
 #: State columns: each group column, the group's row count, each aggregate's value and non-nulls.
 _N, _TOUCHED = "_mv_n", "_mv_touched"
-#: Columns of :meth:`LinearAggregate.next_state`: whether a group's row before is retracted, after
+#: Columns of :meth:`GroupStates.next_state`: whether a group's row before is retracted, after
 #: added, and whether that may change a key's row count.
 _RETRACT, _ADD, _KEY_MOVES = "_mv_retract", "_mv_add", "_mv_key_moves"
 _EXACT_SUM_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType)
@@ -74,6 +74,10 @@ class LinearAggregate:
         each group has at most one row retracted and one, different, added."""
         return all(any(o.kind == "group" and o.column == g for o in self.outputs) for g in self.groups)
 
+    def is_group_output(self, name: str) -> bool:
+        """Whether output column ``name`` is a grouping column."""
+        return any(o.kind == "group" and o.name == name for o in self.outputs)
+
 
 class GroupStates:
     """A linear aggregate's state per group, and how the change feed moves it, for one view (the
@@ -84,11 +88,10 @@ class GroupStates:
 
     def __init__(self, aggregate: LinearAggregate, schema: T.StructType, key: tuple[str, ...]):
         self.aggregate = aggregate
-        outputs = aggregate.outputs
         self._groups = [F.col(_group(i)) for i in range(len(aggregate.groups))]
-        state = [_N] + [c for i, out in enumerate(outputs)
+        state = [_N] + [c for i, out in enumerate(aggregate.outputs)
                         for c in {"count": [_value(i)], "sum": [_value(i), _nonnull(i)]}.get(out.kind, [])]
-        self._state = [*self._groups, *[F.col(c) for c in state]]
+        self._state_columns = [*self._groups, *[F.col(c) for c in state]]
         self._as_state = {diff: self._state_row(diff) for diff in (1, -1)}
         self._grouped = [F.sum(c).alias(c) for c in state]
         touched = F.col(_TOUCHED)
@@ -100,7 +103,7 @@ class GroupStates:
         add = touched & differs & (F.col(_N) > 0)
         # A key of grouping columns only has the same value before and after: its count changes
         # only where a group's row appears or disappears. Otherwise any row moved may move a key.
-        groups_only = all(any(o.kind == "group" and o.name == k for o in outputs) for k in key)
+        groups_only = all(aggregate.is_group_output(k) for k in key)
         key_moves = (retract != add) if groups_only else (retract | add)
         self._moves = [F.col("*"), retract.alias(_RETRACT), add.alias(_ADD), key_moves.alias(_KEY_MOVES)]
         #: Aggregates over :meth:`next_state`'s rows: how many updates :meth:`updates` makes of
@@ -140,7 +143,7 @@ class GroupStates:
 
     def kept_state(self, combined: DataFrame) -> DataFrame:
         """The state after, from :meth:`next_state`: the groups that still have rows."""
-        return combined.where(self._has_rows).select(*self._state)
+        return combined.where(self._has_rows).select(*self._state_columns)
 
     def updates(self, combined: DataFrame) -> DataFrame:
         """The output rows that :meth:`next_state` retracts (diff -1) and adds (+1), in one pass
