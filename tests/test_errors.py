@@ -14,6 +14,7 @@ from pyspark.sql import types as T
 from helpers import JOB, ROOT, create_source, insert, write_config
 from mvsink import (ChangesInput, ConfigError, MaterializedView, TimeWentBackwards, ViewDefinition,
                     ViewInError, load_config, read_view, view_errors)
+from mvsink import key_check
 from mvsink.inputs import change_feed
 from mvsink.row_errors import NullKeyErrors
 from mvsink.target import create_target
@@ -31,7 +32,10 @@ def _errors(spark, tgt, t):
     return sorted(r[0] for r in view_errors(spark, tgt, t).collect())
 
 
-def test_bad_rows_become_error_updates_and_retract_when_fixed(spark, tmp_path):
+@pytest.mark.parametrize("touched_keys_join", ["broadcast", "sort-merge"])
+def test_bad_rows_become_error_updates_and_retract_when_fixed(spark, tmp_path, monkeypatch, touched_keys_join):
+    if touched_keys_join == "sort-merge":  # as for more touched keys than a broadcast takes
+        monkeypatch.setattr(key_check, "BROADCAST_KEYS", -1)
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "10"), (2, "20"), (3, "skip")])
     view = ViewDefinition(

@@ -78,13 +78,17 @@ class Changes:
     #: Whether some key's row count changes at some time (:func:`mvsink.key_check.key_count_change`);
     #: None for a view without key columns.
     key_counts_change: bool | None = None
+    #: The key columns of the updates whose key's row count changes (a key may repeat; lazy over
+    #: the held rows); None where not known: :func:`mvsink.key_check.touched_keys` finds them.
+    touched: DataFrame | None = None
 
 
 def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bool = False) -> Changes:
     """``updates`` (times from ``lo`` on) consolidated and held, in one Spark job that also
     counts them and, for a keyed view, tells whether any key's row count changes: the updates
     are shuffled by the key once, so the consolidation and the per-(key, time) sums need no
-    other shuffle, and both answers are observed metrics of the job that holds the rows.
+    other shuffle, and both answers are observed metrics of the job that holds the rows. The
+    sums are held with the rows: the keys whose count changes are read from them, no job.
 
     ``one_task``: the updates are few (see :func:`feed_is_small`); they are gathered into one
     partition instead, which needs no shuffle at all (one stage, one task)."""
@@ -95,8 +99,9 @@ def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bo
     consolidated = consolidate(spread).withColumn(_NET, key_count_change(key))
     kept, (size, changed) = held_observing(
         consolidated, _OBSERVED, F.count(F.lit(1)).alias("size"),
-        F.coalesce(F.max(F.col(_NET) != 0), F.lit(False)).alias("changed"), keep=updates.columns)
-    return Changes(kept, size, lo, changed)
+        F.coalesce(F.max(F.col(_NET) != 0), F.lit(False)).alias("changed"), keep=[*updates.columns, _NET])
+    touched = kept.where(F.col(_NET) != 0).select(*key)
+    return Changes(kept.select(*updates.columns), size, lo, changed, touched)
 
 
 #: The change data feed files one task reads and consolidates (see :func:`feed_is_small`).

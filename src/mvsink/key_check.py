@@ -25,9 +25,13 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from mvsink.correction import checkpointed
 from mvsink.updates import DIFF, ERROR, TIME, advance_times, negate
 
-_POINT = "_mv_point"
+_POINT, _NET = "_mv_point", "_mv_net"
+#: The most touched keys that are broadcast to the tasks reading the view's rows, each probing
+#: them in memory with no row shuffled (a few MB); more are joined by a sort-merge, which spills.
+BROADCAST_KEYS = 200_000
 
 
 @cache
@@ -42,22 +46,34 @@ def key_count_change(key: tuple[str, ...]) -> Column:
     return F.sum(net).over(Window.partitionBy(*key, TIME))
 
 
-def key_error_corrections(persisted: DataFrame, corrections: DataFrame, touched: DataFrame | None,
-                          key: tuple[str, ...], since: int) -> DataFrame:
+def touched_keys(updates: DataFrame, key: tuple[str, ...]) -> tuple[DataFrame, int]:
+    """The distinct keys whose row count changes at some time in ``updates`` (see
+    :func:`key_count_change`), held in Spark, and how many there are: one Spark job."""
+    net = updates.withColumn(_NET, key_count_change(key))
+    return checkpointed(net.where(F.col(_NET) != 0).select(*key).distinct())
+
+
+def key_error_corrections(persisted: DataFrame, corrections: DataFrame,
+                          touched: tuple[DataFrame, int] | None, key: tuple[str, ...], since: int) -> DataFrame:
     """Updates to add to ``corrections`` so its key-violation errors for ``touched`` keys are right.
 
     ``persisted``: all updates in the table; ``corrections``: the buffer (times >= ``since``);
-    ``touched``: distinct key tuples whose rows changed (None: every key, as when hydrating).
+    ``touched``: key tuples whose rows changed (repeats allowed) and at most how many distinct
+    ones there are (:func:`touched_keys`; None: every key, as when hydrating).
     """
     columns = corrections.columns
     keys = list(key)
     desired = advance_times(persisted.unionByName(corrections), since)
     if touched is not None:
-        # A sort-merge join, which spills: a broadcast would route the touched keys through the
-        # driver, a hash join would hold one side's partition in memory whole. Its result (the
-        # touched keys' rows: few) is kept once for the two uses below, not joined twice.
-        desired = desired.join(touched.hint("merge"), on=keys, how="left_semi").localCheckpoint(eager=False)
-    ok = desired.where(F.col(ERROR).isNull())
+        # Up to BROADCAST_KEYS keys are broadcast: the view's rows are read once and probed, none
+        # shuffled. More take a sort-merge join, which spills where a hash join would hold a
+        # side's partition in memory whole. The result (the touched keys' rows: few) is kept
+        # once for the two uses below, not joined twice.
+        keys_frame, count = touched
+        hint = "broadcast" if count <= BROADCAST_KEYS else "merge"
+        desired = desired.join(keys_frame.hint(hint), on=keys, how="left_semi").localCheckpoint(eager=False)
+    # Shuffled by key once: the grouping by (key, time) and the windows by key below are within it.
+    ok = desired.where(F.col(ERROR).isNull()).repartition(*keys)
     key_errors = desired.where(F.col(ERROR).isNotNull() & _all_not_null(keys))
 
     # A key's row count at time t is the running sum of its diffs up to t (a collection has no

@@ -56,7 +56,7 @@ from mvsink.correction import CorrectionBuffer, checkpointed
 from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.hydration import Hydration
 from mvsink.inputs import Changes, desired_for
-from mvsink.key_check import key_count_change, key_error_corrections, unique_keys
+from mvsink.key_check import key_error_corrections, touched_keys, unique_keys
 from mvsink.metrics import ViewMetrics
 from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
@@ -405,9 +405,12 @@ class MaterializedView:
         if desired is not None:
             if not desired.key_counts_change:
                 return
-            net = desired.updates.withColumn("_mv_net", key_count_change(self.view.key))
-            touched = (net.where(F.col("_mv_net") != 0).select(*self.view.key).distinct()
-                       .localCheckpoint(eager=True))
+            if desired.touched is not None:  # at most as many keys as updates
+                touched = desired.touched, desired.size
+            else:
+                touched = touched_keys(desired.updates, self.view.key)
+                if not touched[1]:  # the flag was conservative (a linear aggregate's moved groups)
+                    return
         fix = key_error_corrections(self.readback.contents(), self.correction.updates, touched, self.view.key, since)
         # Materialized apart (small: errors only), so that a view without violations, the common
         # case, does not fold and re-checkpoint the whole buffer for nothing.
