@@ -26,9 +26,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed
-from mvsink.updates import DIFF, ERROR, TIME, advance_times, negate
+from mvsink.updates import DIFF, ERROR, TIME, advance_times
 
-_POINT, _NET = "_mv_point", "_mv_net"
+_POINT, _NET, _N, _NOW, _BEFORE = "_mv_point", "_mv_net", "_mv_n", "_mv_now", "_mv_before"
 #: The most touched keys that are broadcast to the tasks reading the view's rows, each probing
 #: them in memory with no row shuffled (a few MB); more are joined by a sort-merge, which spills.
 BROADCAST_KEYS = 200_000
@@ -53,55 +53,60 @@ def touched_keys(updates: DataFrame, key: tuple[str, ...]) -> tuple[DataFrame, i
     return checkpointed(net.where(F.col(_NET) != 0).select(*key).distinct())
 
 
-def key_error_corrections(persisted: DataFrame, corrections: DataFrame,
-                          touched: tuple[DataFrame, int] | None, key: tuple[str, ...], since: int) -> DataFrame:
-    """Updates to add to ``corrections`` so its key-violation errors for ``touched`` keys are right.
+class KeyErrors:
+    """The key-violation errors of one view (its ``key`` columns, its table ``schema``): the
+    updates to add to the correction buffer so that its errors for some keys are right. Its
+    Spark expressions are built once, here: a check only composes DataFrames of them."""
 
-    ``persisted``: all updates in the table; ``corrections``: the buffer (times >= ``since``);
-    ``touched``: key tuples whose rows changed (repeats allowed) and at most how many distinct
-    ones there are (:func:`touched_keys`; None: every key, as when hydrating).
-    """
-    columns = corrections.columns
-    keys = list(key)
-    desired = advance_times(persisted.unionByName(corrections), since)
-    if touched is not None:
-        # Up to BROADCAST_KEYS keys are broadcast: the view's rows are read once and probed, none
-        # shuffled. More take a sort-merge join, which spills where a hash join would hold a
-        # side's partition in memory whole. The result (the touched keys' rows: few) is kept
-        # once for the two uses below, not joined twice.
-        keys_frame, count = touched
-        hint = "broadcast" if count <= BROADCAST_KEYS else "merge"
-        desired = desired.join(keys_frame.hint(hint), on=keys, how="left_semi").localCheckpoint(eager=False)
-    # Shuffled by key once: the grouping by (key, time) and the windows by key below are within it.
-    ok = desired.where(F.col(ERROR).isNull()).repartition(*keys)
-    key_errors = desired.where(F.col(ERROR).isNotNull() & _all_not_null(keys))
+    def __init__(self, key: tuple[str, ...], schema: T.StructType):
+        self._key, self._columns = list(key), schema.names
+        keys = [F.col(k) for k in key]
+        self._ok = F.col(ERROR).isNull()
+        self._key_error = F.col(ERROR).isNotNull() & _all_not_null(self._key)
+        self._per_time, self._summed = [*keys, F.col(TIME).alias(_POINT)], F.sum(DIFF).alias(_N)
+        # A key's row count at time t is the running sum of its diffs up to t (a collection has
+        # no negative multiplicities), so one window over (key, time) gives the count at every
+        # time where it can change, without joining updates to times.
+        by_time = Window.partitionBy(*keys).orderBy(_POINT)
+        count = F.sum(_N).over(by_time.rowsBetween(Window.unboundedPreceding, 0))
+        message = F.when(count > 1, F.concat(F.lit("duplicate key "), F.to_json(F.struct(*keys)), F.lit(": "),
+                                             count.cast("string"), F.lit(" rows")))
+        self._state = [*keys, F.col(_POINT), message.alias(_NOW)]
+        self._changes = [*keys, F.col(_POINT), F.col(_NOW), F.lag(_NOW).over(by_time).alias(_BEFORE)]
+        # Its changes as updates, both from one pass: +message at a point, -previous message.
+        now, before = F.col(_NOW), F.col(_BEFORE)
 
-    # A key's row count at time t is the running sum of its diffs up to t (a collection has no
-    # negative multiplicities), so one window over (key, time) gives the count at every time
-    # where it can change, without joining updates to times.
-    by_time = Window.partitionBy(*keys).orderBy(_POINT)
-    counts = (
-        ok.groupBy(*keys, F.col(TIME).alias(_POINT)).agg(F.sum(DIFF).alias("_mv_n"))
-        .select(*keys, _POINT, F.sum("_mv_n").over(by_time.rowsBetween(Window.unboundedPreceding, 0))
-                .alias("_mv_n"))
-    )
-    state = counts.select(
-        *keys, _POINT,
-        F.when(F.col("_mv_n") > 1, F.concat(
-            F.lit("duplicate key "), F.to_json(F.struct(*keys)), F.lit(": "),
-            F.col("_mv_n").cast("string"), F.lit(" rows"),
-        )).alias(ERROR),
-    )
-    # State changes as updates: +message at a point, -previous message at the same point.
-    previous = F.lag(ERROR).over(by_time)
-    changes = state.select(*keys, _POINT, F.col(ERROR).alias("_mv_now"), previous.alias("_mv_before"))
-    asserted = changes.where(F.col("_mv_now").isNotNull() & ~F.col("_mv_now").eqNullSafe(F.col("_mv_before")))
-    retracted = changes.where(F.col("_mv_before").isNotNull() & ~F.col("_mv_before").eqNullSafe(F.col("_mv_now")))
-    types = {f.name: f.dataType for f in corrections.schema.fields}
-    wanted = _error_updates(asserted, "_mv_now", 1, keys, types).unionByName(
-        _error_updates(retracted, "_mv_before", -1, keys, types)
-    )
-    return wanted.unionByName(negate(key_errors)).select(*columns)
+        def error_update(text: Column, diff: int) -> Column:
+            values = [(F.col(f.name) if f.name in key else F.lit(None).cast(f.dataType)).alias(f.name)
+                      for f in schema.fields if f.name not in (ERROR, TIME, DIFF)]
+            return F.struct(*values, text.alias(ERROR), F.col(_POINT).alias(TIME), F.lit(diff).cast("long").alias(DIFF))
+        updates = F.array(F.when(now.isNotNull() & ~now.eqNullSafe(before), error_update(now, 1)),
+                          F.when(before.isNotNull() & ~before.eqNullSafe(now), error_update(before, -1)))
+        self._error_updates = F.inline(F.filter(updates, lambda u: u.isNotNull()))
+        self._negated = [(-F.col(DIFF)).alias(DIFF) if c == DIFF else F.col(c) for c in self._columns]
+
+    def corrections(self, persisted: DataFrame, corrections: DataFrame, touched: tuple[DataFrame, int] | None,
+                    since: int) -> DataFrame:
+        """Updates to add to ``corrections`` so its key-violation errors for ``touched`` keys are right.
+
+        ``persisted``: all updates in the table; ``corrections``: the buffer (times >= ``since``);
+        ``touched``: key tuples whose rows changed (repeats allowed) and at most how many distinct
+        ones there are (:func:`touched_keys`; None: every key, as when hydrating).
+        """
+        desired = advance_times(persisted.unionByName(corrections), since)
+        if touched is not None:
+            # Up to BROADCAST_KEYS keys are broadcast: the view's rows are read once and probed,
+            # none shuffled. More take a sort-merge join, which spills where a hash join would
+            # hold a side's partition in memory whole. The result (the touched keys' rows: few)
+            # is kept once for the two uses below, not joined twice.
+            keys_frame, count = touched
+            hint = "broadcast" if count <= BROADCAST_KEYS else "merge"
+            desired = desired.join(keys_frame.hint(hint), on=self._key, how="left_semi").localCheckpoint(eager=False)
+        # Shuffled by key once: the grouping by (key, time) and the windows by key are within it.
+        ok = desired.where(self._ok).repartition(*self._key)
+        wanted = (ok.groupBy(*self._per_time).agg(self._summed).select(*self._state).select(*self._changes)
+                  .select(self._error_updates))
+        return wanted.unionByName(desired.where(self._key_error).select(*self._negated))
 
 
 def unique_keys(updates: DataFrame, key: tuple[str, ...]) -> tuple[int, bool]:
@@ -166,13 +171,6 @@ def _partition_keys(batches):
     yield pa.RecordBatch.from_pydict(
         {"n": [len(column)], "repeats": [odd or distinct != len(column)], "nulls": [column.null_count],
          "lo": pa.array([bounds["min"].as_py()], column.type), "hi": pa.array([bounds["max"].as_py()], column.type)})
-
-
-def _error_updates(frame: DataFrame, message: str, diff: int, keys: list[str], types: dict) -> DataFrame:
-    user = [c for c in types if c not in (ERROR, TIME, DIFF)]
-    cols = [F.col(c) if c in keys else F.lit(None).cast(types[c]).alias(c) for c in user]
-    return frame.select(*cols, F.col(message).alias(ERROR), F.col(_POINT).alias(TIME),
-                        F.lit(diff).cast("long").alias(DIFF))
 
 
 def _all_not_null(keys: list[str]):

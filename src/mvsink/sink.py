@@ -56,7 +56,7 @@ from mvsink.correction import CorrectionBuffer, checkpointed
 from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.hydration import Hydration
 from mvsink.inputs import Changes, desired_for
-from mvsink.key_check import key_error_corrections, touched_keys, unique_keys
+from mvsink.key_check import KeyErrors, touched_keys, unique_keys
 from mvsink.metrics import ViewMetrics
 from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
@@ -136,6 +136,7 @@ class MaterializedView:
         self.upkeep = Upkeep(Retention.parse(view.retain_history))
         self.metrics = ViewMetrics()
         self.correction = CorrectionBuffer(spark, self.schema)
+        self._key_errors = KeyErrors(view.key, self.schema) if view.key else None
         self.readback = ReadBack(spark, self.shard, self.schema)
         #: The running (or last) step's profile.
         self._profile = StepProfile(spark)
@@ -411,7 +412,7 @@ class MaterializedView:
                 touched = touched_keys(desired.updates, self.view.key)
                 if not touched[1]:  # the flag was conservative (a linear aggregate's moved groups)
                     return
-        fix = key_error_corrections(self.readback.contents(), self.correction.updates, touched, self.view.key, since)
+        fix = self._key_errors.corrections(self.readback.contents(), self.correction.updates, touched, since)
         # Materialized apart (small: errors only), so that a view without violations, the common
         # case, does not fold and re-checkpoint the whole buffer for nothing.
         fix, size = checkpointed(fix)
