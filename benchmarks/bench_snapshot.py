@@ -127,7 +127,7 @@ def main() -> int:
 
     rounds = {"mvsink": [], "overwrite": [], "MERGE": [], "query": []}
     snapshot = []
-    phases_before = dict(view.metrics.phase_seconds)
+    phases_before, jobs_before = dict(view.metrics.phase_seconds), dict(view.metrics.phase_spark_jobs)
     for r in range(1, args.rounds + 1):
         spark.sql(f"UPDATE delta.`{paths['source']}` SET amount = amount + {r} "
                   f"WHERE pmod(hash(id, {r}), {modulus}) = 0")
@@ -156,6 +156,8 @@ def main() -> int:
           f"per round one source commit updating {args.change_fraction:.0%} of them; {args.rounds} rounds; "
           f"mvsink {_path(view.desired)}")
     print("initial load:  " + "  ".join(f"{k} {v:6.1f}s" for k, v in hydration.items()))
+    print("mvsink initial load, by phase: " + ", ".join(
+        f"{p} {s:.2f}s ({jobs_before.get(p, 0)} jobs)" for p, s in phases_before.items()))
     for name, times in rounds.items():
         print(f"per round {name:9} p50 {percentile(times, 0.5):6.2f}s  p95 {percentile(times, 0.95):6.2f}s  "
               f"mean {statistics.mean(times):6.2f}s")

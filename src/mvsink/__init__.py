@@ -1,13 +1,24 @@
-"""mvsink: keep a Delta table exactly equal to a view computed by Spark, across racing replicas."""
+"""mvsink: keep a Delta table exactly equal to a view computed by Spark, across racing replicas.
 
-from mvsink.read import (NotReadable, ViewInError, read_view, register_temp_view, view_errors,
-                         view_since, view_upper)
-from mvsink.sink import MaterializedView, StepReport, TimeWentBackwards
-from mvsink.timeline import Timeline
-from mvsink.view import (ChangesInput, ConfigError, SnapshotInput, ViewDefinition, load_config)
+The names below are imported from their modules when first used: a process that needs one module
+(a Spark Python worker running a task of :mod:`mvsink.key_check`, say) imports only that one."""
 
-__all__ = [
-    "ChangesInput", "ConfigError", "MaterializedView", "NotReadable", "SnapshotInput", "StepReport",
-    "Timeline", "TimeWentBackwards", "ViewDefinition", "ViewInError", "load_config", "read_view",
-    "register_temp_view", "view_errors", "view_since", "view_upper",
-]
+from __future__ import annotations
+
+import importlib
+
+_HOMES = {
+    "mvsink.read": ("NotReadable", "ViewInError", "read_view", "register_temp_view", "view_errors", "view_since",
+                    "view_upper"),
+    "mvsink.sink": ("MaterializedView", "StepReport", "TimeWentBackwards"),
+    "mvsink.timeline": ("Timeline",),
+    "mvsink.view": ("ChangesInput", "ConfigError", "SnapshotInput", "ViewDefinition", "load_config"),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'mvsink' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOME[name]), name)

@@ -8,6 +8,12 @@ archive's whole directory again, in Python: one importer per package imported fr
 (``pyspark``, ``pyspark.sql``, ...) and per jar, about 25,000 entries, 0.15-0.3 s of each Python
 task on this machine (a staging task writing 20,000 rows takes 0.01 s of Python of its own).
 
+The archives also hold sources only, no compiled modules: every module a process imports from
+them is compiled first, about 0.65 s for what a Python worker imports (pyspark, py4j, pyarrow's
+use), paid by the daemon and again by each worker for what it imports after the fork. Where this
+interpreter has the very same pyspark and py4j installed (pip's pyspark, as mvsink runs it), those
+installed, compiled copies are imported instead: the archives go to the end of the import path.
+
 This daemon is pyspark's own (:mod:`pyspark.daemon`), started after the zip importers are made
 to keep the directory they read: Spark's archives do not change while a worker runs (a file added
 with ``addPyFile`` is a new path, and its importer reads it when first used). Everything else a
@@ -16,8 +22,14 @@ worker does is pyspark's.
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
+import re
 import sys
+import zipfile
 import zipimport
+
+_ARCHIVES = {"pyspark.zip": "pyspark", "py4j": "py4j"}  # archive name (prefix) -> the distribution it holds
 
 
 class ArchiveImporter(zipimport.zipimporter):
@@ -35,7 +47,42 @@ def keep_archive_directories() -> None:
             importer.__class__ = ArchiveImporter
 
 
+def prefer_installed_packages() -> None:
+    """Move Spark's pyspark and py4j archives behind the installed packages on ``sys.path`` when
+    the installed versions are the archives' own; otherwise (another pyspark, or none, as on a
+    cluster's workers) leave the path as Spark made it."""
+    archives = [p for p in sys.path if p.endswith(".zip") and _archive_version(p) is not None]
+    if not archives or not all(_archive_version(p) == _installed_version(p) for p in archives):
+        return
+    for path in archives:
+        sys.path.remove(path)
+        sys.path.append(path)
+
+
+def _archive_version(path: str) -> str | None:
+    """The version of the pyspark or py4j archive at ``path`` (None: not one of them)."""
+    name = os.path.basename(path)
+    if name == "pyspark.zip":
+        try:
+            with zipfile.ZipFile(path) as archive:
+                source = archive.read("pyspark/version.py").decode()
+        except (OSError, KeyError, zipfile.BadZipFile):
+            return None
+        found = re.search(r"""__version__\s*(?::\s*str\s*)?=\s*["']([^"']+)["']""", source)
+        return found.group(1) if found else None
+    found = re.fullmatch(r"py4j-(.+)-src\.zip", name)
+    return found.group(1) if found else None
+
+
+def _installed_version(path: str) -> str | None:
+    try:
+        return importlib.metadata.version(_ARCHIVES["pyspark.zip" if path.endswith("pyspark.zip") else "py4j"])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 if __name__ == "__main__":
+    prefer_installed_packages()
     keep_archive_directories()
     from pyspark import daemon  # imports the worker module named in sys.argv, as Spark asks
 
