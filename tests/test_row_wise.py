@@ -11,8 +11,8 @@ from pyspark.sql import functions as F
 
 from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
                      query_results_at_every_time, random_commit, through_commits_without_feed)
-from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view
-from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise
+from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view, view_errors
+from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 
 SCHEMA = "id BIGINT, grp STRING, amount DOUBLE, note STRING"
 # Projections with expressions and a filter that rows enter and leave; nulls pass both.
@@ -37,6 +37,17 @@ QUERY = ("SELECT id, upper(grp) AS g, amount * 2 AS twice, coalesce(note, 'none'
 ])
 def test_which_queries_are_row_wise(spark, tmp_path, sql, row_wise):
     assert is_row_wise(query_over_a_source(spark, tmp_path, sql, (1, "a", 1.0, "n1"), SCHEMA), TABLE_SCAN) is row_wise
+
+
+@pytest.mark.parametrize("sql, key, source_key", [
+    ("SELECT id, grp FROM src WHERE amount > 0", ("id",), ("id",)),
+    ("SELECT id AS k, grp FROM src", ("k",), ("id",)),                              # renamed
+    ("SELECT grp, id FROM (SELECT * FROM src WHERE id > 0) WHERE grp = 'a'", ("id", "grp"), ("id", "grp")),
+    ("SELECT id + 1 AS id, grp FROM src", ("id",), None),                           # computed
+    ("SELECT CAST(id AS STRING) AS id FROM src", ("id",), None),
+])
+def test_which_key_columns_a_row_wise_query_passes_on_from_its_source(spark, tmp_path, sql, key, source_key):
+    assert passed_through(query_over_a_source(spark, tmp_path, sql, (1, "a", 1.0, "n1"), SCHEMA), key) == source_key
 
 
 def test_a_python_udf_or_a_query_reading_other_rows_is_not_row_wise(spark, tmp_path):
@@ -119,3 +130,59 @@ def test_a_query_that_reads_its_source_itself_is_recomputed(spark, tmp_path):
     view.run_until_caught_up()
     expected = Counter(tuple(r) for r in reads_the_table(spark.read.format("delta").load(src)).collect())
     assert _contents(spark, tgt, "v", view.observed_upper - 1) == expected
+
+
+def _moves_across_the_filter(src: str, where: str) -> str:
+    return f"UPDATE delta.`{src}` SET amount = CASE WHEN amount > 0.5 THEN 0.25 ELSE 0.75 END WHERE {where}"
+
+
+def test_keys_passed_through_from_a_source_with_unique_keys_are_not_checked_and_repeats_are(spark, tmp_path):
+    """A row-wise view keyed by a column it passes on from its source: while the source's key
+    values are unique, rows entering and leaving the filter need no key check (the view has at
+    most one row per source row); a source key that repeats is checked, its duplicate key error
+    asserted and retracted; once unique again, no check again. At every time the view equals
+    the query, rows and key errors."""
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(i, "a", 0.75 if i % 2 else 0.25, None) for i in range(10)], SCHEMA)
+    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=QUERY), key=("id",),
+                                                  sources={"src": src}, replica_id="r1"))
+    view.run_until_caught_up()
+    assert view.desired._source_key == ("id",)
+
+    def errors() -> list[str]:
+        return [r[0] for r in view_errors(spark, tgt, view.observed_upper - 1).collect()]
+
+    def step_after(sql: str) -> dict:
+        spark.sql(sql)
+        report = view.step()
+        assert report.appended, report
+        return report.spark_jobs
+
+    for where in ("id < 4", "id >= 6"):  # rows enter and leave the filter; no source key repeats
+        assert step_after(_moves_across_the_filter(src, where))["key_check"] == 0
+    assert step_after(f"INSERT INTO delta.`{src}` VALUES (2, 'dup', 0.75, 'dup')")["key_check"] >= 1
+    assert errors() == ['duplicate key {"id":2}: 2 rows'], errors()
+    assert step_after(_moves_across_the_filter(src, "note = 'dup'"))["key_check"] >= 1  # id 2 repeats
+    assert errors() == [], errors()
+    step_after(f"DELETE FROM delta.`{src}` WHERE note = 'dup'")
+    assert step_after(_moves_across_the_filter(src, "id < 3"))["key_check"] == 0  # unique again
+    query_results_at_every_time(spark, src, QUERY, {"v": tgt}, tgt + "_timeline", view.observed_upper, ("id",))
+
+
+def test_a_keyed_row_wise_view_equals_the_query_as_source_keys_repeat_and_stop(spark, tmp_path):
+    """Random commits to a source keyed by ``id`` that mostly keeps its keys unique: updates moving
+    rows across the filter, inserts repeating an id already there, deletes of whole ids. The view
+    from the feed (its key checks skipped while the source's keys are unique) and the view
+    recomputed in full (every key checked) equal the query at every time, rows and key errors."""
+    rng = random.Random(17)
+    src = str(tmp_path / "src")
+    create_source(spark, src, [_random_row(rng, i) for i in range(20)], SCHEMA)
+
+    def edit():
+        random_commit(spark, src, rng,
+                      update=lambda: _moves_across_the_filter(src, f"pmod(id, {rng.randint(2, 4)}) = {rng.randint(0, 1)}"),
+                      delete=lambda: f"DELETE FROM delta.`{src}` WHERE id > 19 OR pmod(id, 7) = {rng.randint(0, 6)}",
+                      inserts=lambda: [_random_row(rng, rng.randint(0, 19))])
+
+    view = from_the_feed_and_recomputed(spark, tmp_path, src, QUERY, edit, rounds=8, rng=rng, key=("id",))
+    assert view.desired.row_wise and view.desired._source_key == ("id",)

@@ -38,7 +38,7 @@ their ``_delta_log`` (:mod:`mvsink.table`), which needs no Spark job.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, reduce
 
 from pyspark.errors import AnalysisException, ParseException
@@ -47,10 +47,10 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed, held_observing
-from mvsink.key_check import key_count_change
+from mvsink.key_check import key_count_change, unique_keys
 from mvsink.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
 from mvsink.row_errors import NullKeyErrors, map_rows
-from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise
+from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 from mvsink.table import change_data_bytes, latest_version, spark_uri
 from mvsink.timeline import Timeline
 from mvsink.updates import DIFF, ERROR, TIME, consolidate, table_schema
@@ -75,8 +75,10 @@ class Changes:
     updates: DataFrame
     size: int
     lo: int
-    #: Whether some key's row count changes at some time (:func:`mvsink.key_check.key_count_change`);
-    #: None for a view without key columns.
+    #: Whether keys need checking: some key's row count changes at some time
+    #: (:func:`mvsink.key_check.key_count_change`) and the input cannot tell that no key violation
+    #: starts or ends (as a row-wise view over a source with unique keys can); None for a view
+    #: without key columns.
     key_counts_change: bool | None = None
     #: The key columns of the updates whose key's row count changes (a key may repeat; lazy over
     #: the held rows); None where not known: :func:`mvsink.key_check.touched_keys` finds them.
@@ -359,6 +361,11 @@ class SnapshotDesired(Desired):
         super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
         over_held = self._query_over_held_rows() if len(self.sources) == 1 else None
         self.row_wise = self.row_wise and over_held is not None and is_row_wise(over_held, HELD_ROWS)
+        #: A row-wise view's key columns as the source's columns they pass on unchanged (None: a
+        #: key column is computed, or no key), and whether the source's rows had unique values of
+        #: them at a time (``(time, unique)``, None: not known), see :meth:`_source_keys_unique`.
+        self._source_key = passed_through(over_held, view.key) if self.row_wise and view.key else None
+        self._source_keys_known: tuple[int, bool] | None = None
         if self.aggregate is not None and (over_held is None or linear_aggregate(over_held, HELD_ROWS) != self.aggregate):
             self.aggregate = None
         if self.aggregate is not None:
@@ -534,8 +541,37 @@ class SnapshotDesired(Desired):
         feed, small = feed.localCheckpoint(eager=True), feed_is_small(self.sources[name], first, last)
         parts = [self._as_updates(self._query({name: rows}), time, diff)
                  for time in times for diff, rows in self._feed_rows(feed, time)]
-        return held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key,
-                            one_task=small)
+        changes = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key,
+                               one_task=small)
+        if changes.key_counts_change and self._source_keys_unique(feed, times):
+            return replace(changes, key_counts_change=False, touched=None)
+        return changes
+
+    def _source_keys_unique(self, feed: DataFrame, times: list[int]) -> bool:
+        """Whether the source's rows have unique key values (:attr:`_source_key`) at every time
+        of the held ``feed``. Then so do the view's, whose rows are at most one per source row and
+        carry its key values: no key violation can start or end, and no key needs checking.
+
+        So where no key's row count changes in the feed (one Spark job over the held feed: in the
+        common case, updates, none does), the answer at the time before holds at every time of
+        it. Where that is not known, the source's key columns at the last time are read once
+        (:func:`~mvsink.key_check.unique_keys`); from then on it is kept."""
+        if self._source_key is None:
+            return False
+        key = list(self._source_key)
+        moved = feed.groupBy(*key, TIME).agg(F.sum(DIFF).alias(_NET)).where(F.col(_NET) != 0).limit(1).count()
+        if moved:
+            self._source_keys_known = None
+            return False
+        known = self._source_keys_known
+        if known is not None and known[0] == times[0] - 1:
+            unique = known[1]
+        else:
+            (name,) = self.sources
+            rows = self.read_source(name, self.timeline.versions(times[-1])[name])
+            _, unique = unique_keys(rows.select(*key, F.lit(1).cast("long").alias(DIFF)), self._source_key)
+        self._source_keys_known = (times[-1], unique)
+        return unique
 
     def _recomputed_changes(self, times: list[int]) -> Changes:
         """One evaluation per time, the difference to the last result: the new result at +1 and

@@ -39,6 +39,32 @@ def plan_is_row_wise(plan, scan: str) -> bool:
     return node.nodeName() == scan and node.children().isEmpty()
 
 
+def passed_through(result: DataFrame, columns: tuple[str, ...]) -> tuple[str, ...] | None:
+    """For a row-wise ``result``: the names of its leaf's columns that its ``columns`` are, value
+    for value (selected as they are, or renamed); None if one of them is computed."""
+    plan = result._jdf.queryExecution().optimizedPlan()
+    output = {a.name(): a.exprId().id() for a in _items(plan.output())}
+    if any(c not in output for c in columns):
+        return None
+    ids, node = [output[c] for c in columns], plan
+    while node.nodeName() in ROW_WISE_NODES:
+        if node.nodeName() == "Project":  # a filter passes its input's columns on as they are
+            named = {e.exprId().id(): e for e in _items(node.projectList())}
+            sources = [named.get(i) for i in ids]
+            sources = [e.child() if e is not None and e.nodeName() == "Alias" else e for e in sources]
+            if any(e is None or e.nodeName() != "AttributeReference" for e in sources):
+                return None
+            ids = [e.exprId().id() for e in sources]
+        node = node.children().head()
+    leaf = {a.exprId().id(): a.name() for a in _items(node.output())}
+    return tuple(leaf[i] for i in ids) if all(i in leaf for i in ids) else None
+
+
+def _items(seq) -> list:
+    """A Scala ``Seq``'s items."""
+    return [seq.apply(i) for i in range(seq.size())]
+
+
 def plan_reads_subqueries(result: DataFrame, plan) -> bool:
     """Whether some expression of the logical ``plan`` (of ``result``) holds a plan: a subquery."""
     return plan.containsPattern(_plan_expression_pattern(result))
