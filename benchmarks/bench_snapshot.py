@@ -135,12 +135,16 @@ def main() -> int:
         # that version first, and then kept in the JVM: built here, once for all, and timed apart,
         # so that no contender pays it for the others.
         snapshot.append(timed(lambda: spark.read.format("delta").load(paths["source"]).count()))
+        phases_then, jobs_then = dict(view.metrics.phase_seconds), dict(view.metrics.phase_spark_jobs)
         rounds["mvsink"].append(timed(view.run_until_caught_up))
+        mvsink_phases = ", ".join(f"{p} {s - phases_then.get(p, 0.0):.2f}s/{view.metrics.phase_spark_jobs.get(p, 0) - jobs_then.get(p, 0)}j"
+                                  for p, s in view.metrics.phase_seconds.items())
         rounds["overwrite"].append(timed(overwrite))
         rounds["MERGE"].append(timed(merge))
         rounds["query"].append(timed(lambda: query().count()))
         print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rounds.items())
-              + f" (the version's snapshot, built first for all: {snapshot[-1]:.2f}s)", flush=True)
+              + f" (the version's snapshot, built first for all: {snapshot[-1]:.2f}s; mvsink: {mvsink_phases})",
+              flush=True)
     spent = {p: s - phases_before.get(p, 0.0) for p, s in view.metrics.phase_seconds.items()}
 
     prints = {"mvsink": fingerprint(read_view(spark, paths["view"], definition.view_id), columns),

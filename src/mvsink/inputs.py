@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 from functools import cache, reduce
 
 from pyspark.errors import AnalysisException, ParseException
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 
 _CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 _NET = "_mv_net"
-_OBSERVED, _MOVED = "mvsink_held_changes", "mvsink_moved_groups"
+_OBSERVED, _MOVED, _SOURCE_KEYS = "mvsink_held_changes", "mvsink_moved_groups", "mvsink_source_keys"
 
 #: Error conditions of a change feed (or snapshot) read that no retry can cure.
 _UNREADABLE = ("DELTA_MISSING_CHANGE_DATA", "FILE_NOT_EXIST", "FileNotFoundException", "DATA_TYPE_MISMATCH",
@@ -538,38 +538,53 @@ class SnapshotDesired(Desired):
         and over the deleted rows at -1 (see :mod:`mvsink.row_wise`)."""
         (name,) = self.sources
         feed, first, last = self._feed(times)
-        feed, small = feed.localCheckpoint(eager=True), feed_is_small(self.sources[name], first, last)
+        small = feed_is_small(self.sources[name], first, last)
+        feed, source_keys_move = self._hold_feed(feed, small)
         parts = [self._as_updates(self._query({name: rows}), time, diff)
                  for time in times for diff, rows in self._feed_rows(feed, time)]
         changes = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key,
                                one_task=small)
-        if changes.key_counts_change and self._source_keys_unique(feed, times):
+        if self._source_keys_unique(source_keys_move, times, changes.key_counts_change):
             return replace(changes, key_counts_change=False, touched=None)
         return changes
 
-    def _source_keys_unique(self, feed: DataFrame, times: list[int]) -> bool:
-        """Whether the source's rows have unique key values (:attr:`_source_key`) at every time
-        of the held ``feed``. Then so do the view's, whose rows are at most one per source row and
-        carry its key values: no key violation can start or end, and no key needs checking.
-
-        So where no key's row count changes in the feed (one Spark job over the held feed: in the
-        common case, updates, none does), the answer at the time before holds at every time of
-        it. Where that is not known, the source's key columns at the last time are read once
-        (:func:`~mvsink.key_check.unique_keys`); from then on it is kept."""
+    def _hold_feed(self, feed: DataFrame, small: bool) -> tuple[DataFrame, bool]:
+        """The ``feed`` held, and whether some source key's row count changes at some time in it
+        (True where the view's key is not the source's): observed by the Spark job that holds it,
+        over per-(key, time) sums of the feed shuffled by the key (gathered in one task if
+        ``small``: no shuffle)."""
         if self._source_key is None:
-            return False
-        key = list(self._source_key)
-        moved = feed.groupBy(*key, TIME).agg(F.sum(DIFF).alias(_NET)).where(F.col(_NET) != 0).limit(1).count()
-        if moved:
+            return feed.localCheckpoint(eager=True), True
+        spread = feed.coalesce(1) if small else feed.repartition(*self._source_key)
+        net = spread.withColumn(_NET, F.sum(DIFF).over(Window.partitionBy(*self._source_key, TIME)))
+        held, (moves,) = held_observing(net, _SOURCE_KEYS, F.coalesce(F.max(F.col(_NET) != 0), F.lit(False)),
+                                        keep=feed.columns)
+        return held, moves
+
+    def _source_keys_unique(self, moves: bool, times: list[int], wanted: bool) -> bool:
+        """Whether the source's rows have unique key values (:attr:`_source_key`) at every one of
+        ``times``. Then so do the view's, whose rows are at most one per source row and carry its
+        key values: no key violation can start or end, and no key needs checking.
+
+        Where no source key's row count ``moves`` (in the common case, updates, none does), the
+        answer at the time before holds at every one of ``times``. Where that is not known, the
+        source's key columns at the last time are read once (:func:`~mvsink.key_check.unique_keys`),
+        if the answer is ``wanted`` (a key's count in the view changes); from then on the answer is
+        kept, step by step."""
+        if moves:
             self._source_keys_known = None
             return False
         known = self._source_keys_known
         if known is not None and known[0] == times[0] - 1:
             unique = known[1]
+        elif not wanted:
+            self._source_keys_known = None
+            return False
         else:
             (name,) = self.sources
             rows = self.read_source(name, self.timeline.versions(times[-1])[name])
-            _, unique = unique_keys(rows.select(*key, F.lit(1).cast("long").alias(DIFF)), self._source_key)
+            key = self._source_key
+            _, unique = unique_keys(rows.select(*key, F.lit(1).cast("long").alias(DIFF)), key)
         self._source_keys_known = (times[-1], unique)
         return unique
 
