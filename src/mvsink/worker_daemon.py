@@ -29,7 +29,6 @@ import sys
 import zipfile
 import zipimport
 
-_ARCHIVES = {"pyspark.zip": "pyspark", "py4j": "py4j"}  # archive name (prefix) -> the distribution it holds
 
 
 class ArchiveImporter(zipimport.zipimporter):
@@ -51,8 +50,8 @@ def prefer_installed_packages() -> None:
     """Move Spark's pyspark and py4j archives behind the installed packages on ``sys.path`` when
     the installed versions are the archives' own; otherwise (another pyspark, or none, as on a
     cluster's workers) leave the path as Spark made it."""
-    archives = [p for p in sys.path if p.endswith(".zip") and _archive_version(p) is not None]
-    if not archives or not all(_archive_version(p) == _installed_version(p) for p in archives):
+    archives = {p: v for p in sys.path if p.endswith(".zip") and (v := _archive_version(p)) is not None}
+    if not archives or any(v != _installed_version(p) for p, v in archives.items()):
         return
     for path in archives:
         sys.path.remove(path)
@@ -76,7 +75,7 @@ def _archive_version(path: str) -> str | None:
 
 def _installed_version(path: str) -> str | None:
     try:
-        return importlib.metadata.version(_ARCHIVES["pyspark.zip" if path.endswith("pyspark.zip") else "py4j"])
+        return importlib.metadata.version("pyspark" if os.path.basename(path) == "pyspark.zip" else "py4j")
     except importlib.metadata.PackageNotFoundError:
         return None
 
