@@ -14,9 +14,11 @@ from mvsink import ChangesInput, MaterializedView, SnapshotInput, ViewDefinition
 from mvsink import append as append_module
 from mvsink import sink as sink_module
 from mvsink.check import check_table, expected_from_source
+from mvsink.key_check import KeyRanges
 from mvsink.metrics import render
 from mvsink.step_profile import PHASES
 from mvsink.table import latest_version
+from mvsink.timeline import REASON_SOURCES
 
 
 def test_own_commit_is_adopted_and_a_caught_up_step_runs_no_spark_job(spark, tmp_path):
@@ -118,10 +120,82 @@ def test_hydration_holds_a_snapshot_unique_by_key_as_it_is(spark, tmp_path, monk
         return Counter(tuple(r.asDict().items()) for r in rows), report.spark_jobs
 
     fast, fast_jobs = hydrate("fast")
-    monkeypatch.setattr(sink_module, "unique_keys", lambda updates, key: (updates.count(), False))
+    not_unique = lambda updates, key: (updates.count(), False)  # noqa: E731
+    monkeypatch.setattr(sink_module, "unique_keys", not_unique)
+    monkeypatch.setattr(sink_module, "unique_keys_by_shuffle", not_unique)
+    monkeypatch.setattr(KeyRanges, "settle", staticmethod(lambda parts: None))
     full, full_jobs = hydrate("full")
     assert fast == full
     assert (fast_jobs["correction"] == 0) == unique, fast_jobs  # the fold ran only if not unique
+    if unique:  # settled by the staging's own tasks: the snapshot was read once
+        assert fast_jobs.get("key_check", 0) == 0 and fast_jobs["staging"] >= 1, fast_jobs
     assert full_jobs["correction"] >= 1
     errors = [dict(r)["_mv_error"] for r in fast if dict(r)["_mv_error"]]
     assert any(e.startswith("duplicate key") for e in errors) == (not unique and rows[1][0] is not None), errors
+
+
+@pytest.mark.parametrize("layout", ["in key order", "keys scattered", "a key repeated", "read-only"])
+def test_a_hydration_checks_its_keys_on_the_files_it_stages(spark, tmp_path, layout):
+    """A keyed hydration into an empty table learns whether its keys are unique from the key
+    ranges its staging tasks report. Files in disjoint key ranges settle it: the snapshot is read
+    once. Overlapping ranges leave it to one shuffle of the keys. A repeated key: the staged
+    files (the rows unconsolidated) are deleted, the snapshot is folded and checked as any fold
+    is, and the table gets the view with its key error. A read-only replica stages nothing and
+    checks the keys on their own. Each way, the table ends as the view, with no file left over."""
+    import os
+
+    from deltalake import DeltaTable
+
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    ids = list(range(600)) + ([7] if layout == "a key repeated" else [])
+    rows = spark.createDataFrame([(i, f"v{i}") for i in ids], "id BIGINT, v STRING")
+    rows = rows if layout == "in key order" else rows.repartition(3)  # round robin: ranges overlap
+    rows.write.format("delta").option("delta.enableChangeDataFeed", "true").save(src)
+    definition = ViewDefinition("keyed", tgt, ChangesInput(src), key=("id",), replica_id="r1",
+                                read_only=layout == "read-only")
+    mv = MaterializedView(spark, definition)
+    if layout == "read-only":  # a time minted as a writer would: the replica hydrates, writing nothing
+        mv.timeline.extend(mv.desired.latest_versions(), REASON_SOURCES, at=0)
+    first = mv.step()
+    if layout == "read-only":
+        assert first.desc is None and first.spark_jobs["key_check"] >= 1 and first.corrections == 600, first
+        mv.allow_writes()
+        first = mv.step()
+    assert first.appended and first.corrections == len(set(ids)) + (layout == "a key repeated"), first
+    jobs = first.spark_jobs
+    assert (jobs.get("key_check", 0) == 0) == (layout in ("in key order", "read-only")), jobs
+    assert (jobs.get("correction", 0) >= 1) == (layout == "a key repeated"), jobs
+    committed = set(DeltaTable(tgt).get_add_actions(flatten=True).column("path").to_pylist())
+    assert {f for f in os.listdir(tgt) if f.endswith(".parquet")} == committed
+    rows = Counter(tuple(r) for r in read_view(spark, tgt, "keyed", errors="ignore").collect())
+    assert rows == Counter((i, f"v{i}") for i in ids)
+    errors = [r[0] for r in spark.read.format("delta").load(tgt).where("_mv_error IS NOT NULL")
+              .select("_mv_error").collect()]
+    assert errors == (['duplicate key {"id":7}: 2 rows'] if layout == "a key repeated" else [])
+
+
+def test_a_hydration_whose_staging_fails_hydrates_again(spark, tmp_path, monkeypatch):
+    """A staging that fails while the held snapshot's keys are unchecked leaves a buffer not known
+    to be right: the replica forgets it and the next step hydrates again, with the key error."""
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a"), (2, "b"), (2, "c")])
+    real, calls = sink_module.stage, []
+
+    def fails_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError("no space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sink_module, "stage", fails_once)
+    mv = MaterializedView(spark, ViewDefinition("again", tgt, ChangesInput(src), key=("id",), replica_id="r1"))
+    with pytest.raises(OSError, match="no space"):
+        mv.step()
+    assert mv.desired_frontier is None and mv.correction.size == 0
+    mv.run_until_caught_up()
+    assert mv.hydrations == 2
+    rows = Counter(tuple(r) for r in read_view(spark, tgt, "again", errors="ignore").collect())
+    assert rows == Counter([(1, "a"), (2, "b"), (2, "c")])
+    errors = [r[0] for r in spark.read.format("delta").load(tgt).where("_mv_error IS NOT NULL")
+              .select("_mv_error").collect()]
+    assert errors == ['duplicate key {"id":2}: 2 rows']

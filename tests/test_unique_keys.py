@@ -11,7 +11,9 @@ from collections import Counter
 import pytest
 from pyspark.sql import types as T
 
-from mvsink.key_check import _unique_in_partitions, unique_keys
+from mvsink.key_check import KeyRanges, unique_keys, unique_keys_in_partitions
+from mvsink.mint import Description
+from mvsink.write import stage
 
 
 def frame(spark, partitions: list[list[tuple]], key_type: T.DataType):
@@ -67,16 +69,32 @@ def test_unique_keys_answers_as_counting_all_keys(spark, name):
     partitions, key_type, settled = CASES[name]
     updates = frame(spark, partitions, key_type)
     assert unique_keys(updates, ("k",)) == expected(partitions)
-    in_partitions = _unique_in_partitions(updates, ("k",))
+    in_partitions = unique_keys_in_partitions(updates, ("k",))
     if settled:
         assert in_partitions == expected(partitions)
     else:
         assert in_partitions is None  # left to the shuffle
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_staging_reports_the_same_key_ranges(spark, tmp_path, name):
+    """The files staged from the updates, each a partition, settle what the partitions' own
+    reports settle: a hydration's key check can ride on its staging."""
+    partitions, key_type, _ = CASES[name]
+    updates = frame(spark, partitions, key_type)
+    ranges = KeyRanges.of(updates, ("k",))
+    if ranges is None:
+        assert unique_keys_in_partitions(updates, ("k",)) is None
+        return
+    batch = stage(updates, Description(0, 1), str(tmp_path), "v", "r", ranges)
+    assert len(batch.key_reports) == len(batch.files) == sum(1 for p in partitions if p)
+    assert ranges.settle(batch.key_reports) == unique_keys_in_partitions(updates, ("k",))
+    assert stage(updates, Description(0, 1), str(tmp_path), "v", "r").key_reports == []
+
+
 def test_multi_column_keys_go_to_the_shuffle(spark):
     updates = frame(spark, [up(1, 2), up(3)], T.LongType())
-    assert _unique_in_partitions(updates, ("k", "v")) is None
+    assert unique_keys_in_partitions(updates, ("k", "v")) is None
     assert unique_keys(updates, ("k", "v")) == (3, True)
 
 

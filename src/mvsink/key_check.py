@@ -12,7 +12,8 @@ the buffer's error updates for those keys equal the recomputed error collection.
 
 A hydration into an empty table asks only whether every key has one row (:func:`unique_keys`).
 Where the snapshot's partitions hold disjoint key ranges (a table written in key order, the usual
-case for ids), each partition answers that for its own rows and no row is shuffled.
+case for ids), each partition answers that for its own rows (:class:`KeyRanges`) and no row is
+shuffled; a writing replica has the tasks that stage its files answer it, reading the snapshot once.
 """
 
 from __future__ import annotations
@@ -112,65 +113,114 @@ class KeyErrors:
 def unique_keys(updates: DataFrame, key: tuple[str, ...]) -> tuple[int, bool]:
     """How many ``updates`` there are, and whether each key (nulls equal to nulls) has exactly
     one of them, with diff 1: settled within the partitions where they can
-    (:func:`_unique_in_partitions`), else by one Spark job shuffling the key columns only.
+    (:class:`KeyRanges`), else by one Spark job shuffling the key columns only.
 
     If so, the updates are consolidated (two equal rows share a key) and, at a single time, no
     key has more than one row and none has a negative count: no key violation and nothing to
     consolidate (error rows leave the key columns null, so two of them share the null key).
     """
-    settled = _unique_in_partitions(updates, key)
-    if settled is not None:
-        return settled
+    settled = unique_keys_in_partitions(updates, key)
+    return settled if settled is not None else unique_keys_by_shuffle(updates, key)
+
+
+def unique_keys_in_partitions(updates: DataFrame, key: tuple[str, ...]) -> tuple[int, bool] | None:
+    """:func:`unique_keys`' answer from the partitions' key ranges (:class:`KeyRanges`), in one
+    Spark job reading the key and diff columns, shuffling nothing; None if they cannot tell."""
+    ranges = KeyRanges.of(updates, key)
+    if ranges is None:
+        return None
+    parts = updates.select(ranges.key, DIFF).mapInArrow(ranges.report_partition, ranges.schema).collect()
+    return ranges.settle(parts)
+
+
+def unique_keys_by_shuffle(updates: DataFrame, key: tuple[str, ...]) -> tuple[int, bool]:
+    """:func:`unique_keys`' answer by counting every key: one Spark job shuffling the key columns."""
     per_key = updates.groupBy(*key).agg(
         F.count(F.lit(1)).alias("_mv_n"), F.max(F.col(DIFF) != 1).alias("_mv_odd"))
     total, most, odd = per_key.agg(F.sum("_mv_n"), F.max("_mv_n"), F.max("_mv_odd")).first()
     return total or 0, not total or (most == 1 and not odd)
 
 
-def _unique_in_partitions(updates: DataFrame, key: tuple[str, ...]) -> tuple[int, bool] | None:
-    """:func:`unique_keys`' answer from each partition's own rows, in one Spark job that shuffles
-    nothing: each partition reports its size, whether a key repeats in it or a diff is not 1, its
-    null keys and its least and greatest key. A repeat answers no; keys unique in every
-    partition, in ranges no two partitions share, with at most one null key in all, answer yes.
-    None: the ranges overlap, only a shuffle can tell.
+class KeyRanges:
+    """:func:`unique_keys`' answer from each partition's own rows, with nothing shuffled: each
+    partition reports its size, whether a key repeats in it or a diff is not 1, its null keys and
+    its least and greatest key (:meth:`report_partition`, run in the task that holds the rows: a
+    job of its own, or the staging's, which writes the same partitions). A repeat answers no;
+    keys unique in every partition, in ranges no two partitions share, with at most one null key
+    in all, answer yes; overlapping ranges leave the answer to a shuffle (:meth:`settle`).
 
     Single-column keys of types whose equality Arrow and Spark share (integers, booleans, dates,
     timestamps, binary-collated strings; not floats, where Spark equates -0.0 and 0.0).
     """
-    if len(key) != 1:
+
+    def __init__(self, key: str, dtype: T.DataType):
+        self.key = key
+        #: The report of one partition (none for an empty one).
+        self.schema = T.StructType([
+            T.StructField("n", T.LongType()), T.StructField("repeats", T.BooleanType()),
+            T.StructField("nulls", T.LongType()), T.StructField("lo", dtype), T.StructField("hi", dtype)])
+
+    @classmethod
+    def of(cls, updates: DataFrame, key: tuple[str, ...]) -> KeyRanges | None:
+        """The ranges of ``updates``' key, or None where partitions cannot settle it (see above)."""
+        if len(key) != 1:
+            return None
+        dtype = updates.schema[key[0]].dataType
+        if not (isinstance(dtype, (T.IntegralType, T.BooleanType, T.DateType, T.TimestampType))
+                or dtype == T.StringType()):
+            return None
+        return cls(key[0], dtype)
+
+    def report_partition(self, batches):
+        """Runs in a Spark task: one partition's batches (with the key and diff columns) -> its
+        report row (none if it is empty)."""
+        report = self.report()
+        for batch in batches:
+            report.add(batch)
+        if report.rows:
+            yield report.batch()
+
+    def report(self) -> _PartitionKeys:
+        """A report to fold one partition's batches into."""
+        return _PartitionKeys(self.key)
+
+    @staticmethod
+    def settle(parts: list) -> tuple[int, bool] | None:
+        """:func:`unique_keys`' answer from every non-empty partition's report, None if the
+        partitions' key ranges overlap."""
+        total = sum(p.n for p in parts)
+        if any(p.repeats for p in parts) or sum(p.nulls for p in parts) > 1:
+            return total, False
+        ranges = sorted((p.lo, p.hi) for p in parts if p.lo is not None)
+        if all(hi < lo for (_, hi), (lo, _) in zip(ranges, ranges[1:])):
+            return total, True
         return None
-    dtype = updates.schema[key[0]].dataType
-    if not (isinstance(dtype, (T.IntegralType, T.BooleanType, T.DateType, T.TimestampType))
-            or dtype == T.StringType()):
-        return None
-    report = T.StructType([T.StructField("n", T.LongType()), T.StructField("repeats", T.BooleanType()),
-                           T.StructField("nulls", T.LongType()), T.StructField("lo", dtype),
-                           T.StructField("hi", dtype)])
-    parts = updates.select(F.col(key[0]), F.col(DIFF)).mapInArrow(_partition_keys, report).collect()
-    total = sum(p.n for p in parts)
-    if any(p.repeats for p in parts) or sum(p.nulls for p in parts) > 1:
-        return total, False
-    ranges = sorted((p.lo, p.hi) for p in parts if p.lo is not None)
-    if all(hi < lo for (_, hi), (lo, _) in zip(ranges, ranges[1:])):
-        return total, True
-    return None
 
 
-def _partition_keys(batches):
-    """Runs in a Spark task: one partition's (key, diff) batches -> its report row (none if empty)."""
-    keys, odd = [], False
-    for batch in batches:
+class _PartitionKeys:
+    """One partition's key column and whether a diff is not 1, folded batch by batch."""
+
+    def __init__(self, key: str):
+        self._key, self._keys, self._odd, self.rows = key, [], False, 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows:
-            keys.append(batch.column(0))
-            odd = odd or bool(pc.any(pc.not_equal(batch.column(1), 1)).as_py())
-    if not keys:
-        return
-    column = pa.chunked_array(keys)
-    distinct = pc.count_distinct(column, mode="all").as_py()  # a null counts as one value
-    bounds = pc.min_max(column)
-    yield pa.RecordBatch.from_pydict(
-        {"n": [len(column)], "repeats": [odd or distinct != len(column)], "nulls": [column.null_count],
-         "lo": pa.array([bounds["min"].as_py()], column.type), "hi": pa.array([bounds["max"].as_py()], column.type)})
+            self._keys.append(batch.column(self._key))
+            diffs = batch.column(DIFF)
+            self._odd = self._odd or bool(pc.any(pc.not_equal(diffs, 1)).as_py())
+            self.rows += batch.num_rows
+
+    def values(self) -> dict:
+        """The report's columns (one value each) of a non-empty partition."""
+        column = pa.chunked_array(self._keys)
+        distinct = pc.count_distinct(column, mode="all").as_py()  # a null counts as one value
+        bounds = pc.min_max(column)
+        return {"n": [len(column)], "repeats": [self._odd or distinct != len(column)],
+                "nulls": [column.null_count], "lo": pa.array([bounds["min"].as_py()], column.type),
+                "hi": pa.array([bounds["max"].as_py()], column.type)}
+
+    def batch(self) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict(self.values())
 
 
 def _all_not_null(keys: list[str]):

@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 from functools import reduce
-from typing import Callable
+from typing import Callable, NamedTuple
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
@@ -56,7 +56,7 @@ from mvsink.correction import CorrectionBuffer, checkpointed
 from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.hydration import Hydration
 from mvsink.inputs import Changes, desired_for
-from mvsink.key_check import KeyErrors, touched_keys, unique_keys
+from mvsink.key_check import KeyErrors, KeyRanges, touched_keys, unique_keys, unique_keys_by_shuffle
 from mvsink.metrics import ViewMetrics
 from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
@@ -65,7 +65,7 @@ from mvsink.target import create_target, validate_target
 from mvsink.timeline import (REASON_REPAIR_TIME, REASON_SOURCES, Timeline, TimeWentBackwards)
 from mvsink.updates import TIME, advance_times, consolidate, negate
 from mvsink.view import ConfigError, ViewDefinition
-from mvsink.write import batch_updates, stage
+from mvsink.write import StagedBatch, batch_updates, stage
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,13 @@ __all__ = ["MaterializedView", "NotCaughtUp", "StepReport", "TimeWentBackwards"]
 
 class NotCaughtUp(RuntimeError):
     """The replica has not computed the view up to the table's upper yet: no plan to show."""
+
+
+class _Staged(NamedTuple):
+    """A staged batch and how many of its updates restore history (see :func:`_commit_updates`)."""
+
+    batch: StagedBatch
+    history_updates: int | None
 
 
 @dataclass
@@ -149,6 +156,8 @@ class MaterializedView:
         #: How often this replica has hydrated (read the whole input): once, unless restarted.
         self.hydrations = 0
         self.hydration = Hydration(spark, view.view_id)
+        #: The buffer holds a hydration's snapshot whose keys are not checked yet (:meth:`_hold_unchecked`).
+        self._keys_unchecked = False
         self._steps = 0
         log.info("view %s (replica %s) on %s: %s over %s, key %s, as_of %d, timeline %s%s", view.view_id,
                  view.replica_id, view.target, type(view.input).__name__, view.sources, list(view.key),
@@ -238,24 +247,28 @@ class MaterializedView:
             log.warning("read-back cannot follow the table (%s); rehydrating", exc)
             persisted, minted = self._reconcile()
         self.observed_upper = max(self.observed_upper, persisted.upper)
-        with profile.phase("correction"):
-            corrections = self.correction.count()
-        report = StepReport(persisted.version, persisted.upper, self.desired_frontier, corrections,
-                            timeline_upper=self.timeline.upper, minted_time=minted)
-        if self.hydration.running:
-            self.hydration.finish(corrections)
         self.minter.advance_persist(max(self.view.as_of, persisted.upper))
         if self.desired_frontier is not None:
             self.minter.advance_desired(self.desired_frontier)
         desc = self.minter.maybe_mint()
-        if desc is not None:
-            report.desc = desc
-            repairing = len(self.pending_repairs)
-            try:
-                report.appended, report.files = self._write_and_append(desc)
-            except Exception:
+        try:
+            staged = self._check_held_keys(desc)
+            with profile.phase("correction"):
+                corrections = self.correction.count()
+            report = StepReport(persisted.version, persisted.upper, self.desired_frontier, corrections,
+                                timeline_upper=self.timeline.upper, minted_time=minted, desc=desc)
+            if self.hydration.running:
+                self.hydration.finish(corrections)
+            if desc is not None:
+                repairing = len(self.pending_repairs)
+                report.appended, report.files = self._write_and_append(desc, staged)
+        except Exception:
+            if desc is not None:
                 self.minter.abandon(desc)
-                raise
+            if self._keys_unchecked:  # the buffer is not known to be right: hydrate again
+                self._forget()
+            raise
+        if desc is not None:
             if report.appended:
                 self.observed_upper = max(self.observed_upper, desc.upper)
                 report.repairs = repairing
@@ -354,9 +367,9 @@ class MaterializedView:
         they are (consolidated, held, at or after the since): no Spark job."""
         since = max(self.view.as_of, persisted.upper)
         if hydrated and persisted_updates is None and self.view.key and self.correction.size == 0:
-            desired = self._hold_if_unique(desired, since)  # else materialized, to fold and check
-            if desired is None:
-                return
+            self._hold_unchecked(desired, since)
+            return
+        self._check_held_keys(None)  # a snapshot held this step is checked before anything joins it
         held = isinstance(desired, Changes)
         updates = desired.updates if held else desired
         empty = persisted_updates is None and self.correction.size == 0
@@ -377,22 +390,54 @@ class MaterializedView:
             with self._profile.phase("key_check"):
                 self._check_keys(None if hydrated else desired, since)
 
-    def _hold_if_unique(self, snapshot: DataFrame, since: int) -> DataFrame | None:
-        """Hydrating into a table with no rows. If every key of the snapshot has one row, the
-        snapshot is the consolidated buffer with no key violation: the buffer holds it as it is
-        and None is returned (one Spark job reading the key columns, with no shuffle where the
-        partitions' key ranges are disjoint, instead of two shuffles of the view). A snapshot that runs user code to read is materialized by that job; a stored one
-        is read again by the staging instead (a copy's cost: one read, one write). Otherwise the
-        snapshot is returned, materialized, for the caller to fold and key-check."""
+    def _hold_unchecked(self, snapshot: DataFrame, since: int) -> None:
+        """Hydrating a view with a key into a table with no rows: the buffer holds the snapshot as
+        it is, its keys not checked yet (:meth:`_check_held_keys`, in this step). A snapshot that
+        runs user code to read is materialized by the first job that reads it; a stored one is read
+        again instead (a copy's cost: one read, one write)."""
+        held = advance_times(snapshot.select(*self.schema.names), since)
+        if not self.desired.snapshot_is_stored:
+            held = held.localCheckpoint(eager=False)
+        self.correction.hold(held, None, since)
+        self._keys_unchecked = True
+
+    def _check_held_keys(self, desc: Description | None) -> _Staged | None:
+        """Whether a snapshot held unchecked (:meth:`_hold_unchecked`) has every key once with
+        diff 1: then it is the consolidated buffer with no key violation. Otherwise it is
+        consolidated and its keys checked as any fold's are. Nothing to do for a buffer checked.
+
+        Where the step writes the whole buffer (``desc``), the staging's tasks report their
+        files' key ranges, and the snapshot is not read again where those settle the answer
+        (:class:`~mvsink.key_check.KeyRanges`); the staged files are returned for the write
+        (deleted if the keys are not unique: they hold the rows unconsolidated)."""
+        if not self._keys_unchecked:
+            return None
+        ranges = KeyRanges.of(self.correction.updates, self.view.key)
+        staged, settled = None, None
+        if desc is not None and ranges is not None and self._stages_whole_buffer(desc):
+            staged = self._stage(desc, ranges)
+            settled = ranges.settle(staged.batch.key_reports)
         with self._profile.phase("key_check"):
-            held = advance_times(snapshot.select(*self.schema.names), since)
-            if not self.desired.snapshot_is_stored:
-                held = held.localCheckpoint(eager=False)  # materialized by the check
-            size, unique = unique_keys(held, self.view.key)
-        if not unique:
-            return held.localCheckpoint(eager=True) if self.desired.snapshot_is_stored else held
-        self.correction.hold(held, size, since)
+            if settled is None:
+                check = unique_keys if staged is None else unique_keys_by_shuffle  # ranges tried
+                settled = check(self.correction.updates, self.view.key)
+        self._keys_unchecked = False
+        size, unique = settled
+        if unique:
+            self.correction.keys_checked(size)
+            return staged
+        if staged is not None:
+            staged.batch.delete()
+        with self._profile.phase("correction"):
+            self.correction.keys_checked(None)
+        with self._profile.phase("key_check"):
+            self._check_keys(None, self.correction.since)
         return None
+
+    def _stages_whole_buffer(self, desc: Description) -> bool:
+        """Whether the batch for ``desc`` is the buffer's updates as they are: no undos to add,
+        and the buffer's times (a held snapshot's: all at its since) in `[lower, upper)`."""
+        return not self.pending_repairs and desc.lower <= self.correction.since < desc.upper
 
     def _check_keys(self, desired: Changes | None, since: int) -> None:
         """Recompute key violations where a key's row count changed (everywhere if ``desired`` is
@@ -425,19 +470,26 @@ class MaterializedView:
         self.readback.reset()
         self.desired_frontier = None
         self.pending_repairs = {}
+        self._keys_unchecked = False
 
-    def _write_and_append(self, desc: Description) -> tuple[bool, int]:
-        """Steps 5-6. Returns whether the append won and how many files it carried."""
-        profile = self._profile
-        with profile.phase("staging"):
+    def _stage(self, desc: Description, key_ranges: KeyRanges | None = None) -> _Staged:
+        """Step 5: the batch for ``desc`` staged (with its files' key reports, given ``key_ranges``)."""
+        with self._profile.phase("staging"):
             if latest_version(self.view.target) is None:
                 create_target(self.view, self.schema)
             updates, history_updates = _commit_updates(desc, self.correction.updates, self.correction.since,
                                                        list(self.pending_repairs.values()))
-            extra = {META_READBACK: self._readback_version}
-            if history_updates is not None:
-                extra[META_HISTORY] = history_updates
-            batch = stage(updates, desc, self.view.target, self.view.view_id, self.view.replica_id)
+            batch = stage(updates, desc, self.view.target, self.view.view_id, self.view.replica_id, key_ranges)
+        return _Staged(batch, history_updates)
+
+    def _write_and_append(self, desc: Description, staged: _Staged | None) -> tuple[bool, int]:
+        """Steps 5-6 (the staging done already if ``staged``). Returns whether the append won
+        and how many files it carried."""
+        profile = self._profile
+        batch, history_updates = staged or self._stage(desc)
+        extra = {META_READBACK: self._readback_version}
+        if history_updates is not None:
+            extra[META_HISTORY] = history_updates
         if self.pending_repairs:
             reason = REASON_REPAIR
         else:

@@ -14,7 +14,8 @@ Invariants:
 * Never on the driver: the contents live in Spark's block manager (a local checkpoint, which also
   cuts the lineage each step); only counts reach the driver. One exception, from a hydration into
   an empty table until the next fold: the buffer may be a stored snapshot read again where used
-  (:meth:`hold`).
+  (:meth:`hold`); until its keys are checked (:meth:`keys_checked`), it is not known to be
+  consolidated and its size is None.
 * An empty buffer given updates that are already consolidated, held and at or after the since
   (a step's input changes, :class:`mvsink.inputs.Changes`) takes them as they are (:meth:`hold`):
   the steady state's fold runs no Spark job.
@@ -80,14 +81,22 @@ class CorrectionBuffer:
         merged = consolidate(advance_times(reduce(DataFrame.unionByName, frames), self.since))
         self._replace(*checkpointed(merged))
 
-    def hold(self, updates: DataFrame, size: int, since: int) -> None:
+    def hold(self, updates: DataFrame, size: int | None, since: int) -> None:
         """Take ``updates`` (``size`` of them, consolidated, times at or after ``since``;
         materialized or a stored snapshot) as the whole buffer, instead of an empty one: a step's
-        input changes (held), or a hydration into an empty table whose contents were found
-        consolidated (:func:`mvsink.key_check.unique_keys`)."""
+        input changes (held), or (``size`` None) a hydration's snapshot into an empty table, not
+        yet known to be consolidated: :meth:`keys_checked` says whether it is."""
         assert self.size == 0, "only an empty buffer is replaced"
         self.since = max(self.since, since)
         self._replace(updates, size)
+
+    def keys_checked(self, size: int | None) -> None:
+        """What the key check found of a held snapshot (:meth:`hold` with no size): every key once,
+        with diff 1, in ``size`` updates, so consolidated; or (None) not: consolidate it."""
+        if size is None:
+            self._replace(*checkpointed(consolidate(self.updates)))
+        else:
+            self.size = size
 
     def _replace(self, updates: DataFrame, size: int) -> None:
         self.updates, self.size = updates, size

@@ -25,6 +25,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -37,6 +38,9 @@ from mvsink import failpoints, storage
 from mvsink.mint import Description
 from mvsink.updates import TIME, consolidate
 from mvsink.write.stats import FileStats
+
+if TYPE_CHECKING:
+    from mvsink.key_check import KeyRanges
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,8 @@ class StagedBatch:
     desc: Description
     target: str
     files: list[StagedFile] = field(default_factory=list)
+    #: Each file's key report, where the staging was asked for one (see :func:`stage`).
+    key_reports: list = field(default_factory=list)
 
     @property
     def num_records(self) -> int:
@@ -103,13 +109,21 @@ def batch_updates(corrections: DataFrame, desc: Description, corrections_since: 
     return consolidate(advanced)
 
 
-def stage(updates: DataFrame, desc: Description, target: str, view_id: str, replica_id: str) -> StagedBatch:
-    """Write ``updates`` into ``target``'s directory, one file per non-empty Spark partition."""
+def stage(updates: DataFrame, desc: Description, target: str, view_id: str, replica_id: str,
+          key_ranges: KeyRanges | None = None) -> StagedBatch:
+    """Write ``updates`` into ``target``'s directory, one file per non-empty Spark partition.
+
+    With ``key_ranges``, each task also reports its file's key range
+    (:meth:`~mvsink.key_check.KeyRanges.report_partition`), so that whether the updates' keys are
+    unique is known without reading them again (:attr:`StagedBatch.key_reports`)."""
     prefix = staged_prefix(view_id, desc, replica_id)
-    writer = _partition_writer(target, prefix)
+    writer = _partition_writer(target, prefix, key_ranges)
+    schema = _FILE_LIST_SCHEMA if key_ranges is None else T.StructType(
+        _FILE_LIST_SCHEMA.fields + key_ranges.schema.fields)
     started = time.monotonic()
-    rows = updates.mapInArrow(writer, _FILE_LIST_SCHEMA).collect()
-    batch = StagedBatch(desc, target, [StagedFile(r.path, r.size, r.num_records, r.stats) for r in rows])
+    rows = updates.mapInArrow(writer, schema).collect()
+    batch = StagedBatch(desc, target, [StagedFile(r.path, r.size, r.num_records, r.stats) for r in rows],
+                        rows if key_ranges is not None else [])
     log.info(
         "staged %d updates in %d files for %s in %.2fs",
         batch.num_records, len(batch.files), desc, time.monotonic() - started,
@@ -118,8 +132,9 @@ def stage(updates: DataFrame, desc: Description, target: str, view_id: str, repl
     return batch
 
 
-def _partition_writer(target: str, prefix: str):
-    """The function each Spark task runs: stream its Arrow batches into one Parquet file."""
+def _partition_writer(target: str, prefix: str, key_ranges: KeyRanges | None):
+    """The function each Spark task runs: stream its Arrow batches into one Parquet file (and
+    fold them into a key report)."""
 
     def write_partition(batches):
         from pyspark import TaskContext
@@ -136,6 +151,7 @@ def _partition_writer(target: str, prefix: str):
         writer = None
         stats = None
         sink = None
+        keys = key_ranges.report() if key_ranges is not None else None
         try:
             try:
                 for batch in batches:
@@ -147,6 +163,8 @@ def _partition_writer(target: str, prefix: str):
                         stats = FileStats(batch.schema)
                     writer.write_batch(batch)
                     stats.add(batch)
+                    if keys is not None:
+                        keys.add(batch)
             finally:
                 if writer is not None:
                     writer.close()
@@ -161,12 +179,10 @@ def _partition_writer(target: str, prefix: str):
             if local_dir is not None:
                 shutil.rmtree(local_dir, ignore_errors=True)
         if writer is not None:
-            yield pa.RecordBatch.from_pydict(
-                {"path": [name], "size": [size], "num_records": [stats.num_records],
-                 "stats": [stats.to_json()]},
-                schema=pa.schema([("path", pa.string()), ("size", pa.int64()),
-                                  ("num_records", pa.int64()), ("stats", pa.string())]),
-            )
+            row = {"path": pa.array([name]), "size": pa.array([size], pa.int64()),
+                   "num_records": pa.array([stats.num_records], pa.int64()),
+                   "stats": pa.array([stats.to_json()])}
+            yield pa.RecordBatch.from_pydict({**row, **(keys.values() if keys is not None else {})})
 
     return write_partition
 
