@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
-from bench_sink import machine, percentile
+from bench_sink import WORKDIR_HELP, machine, percentile, work_directory
 
 
 def main() -> int:
@@ -31,11 +29,13 @@ def main() -> int:
     parser.add_argument("--every", type=float, default=5.0)
     parser.add_argument("--trigger-seconds", type=float, default=1.0)
     parser.add_argument("--change-fraction", type=float, default=0.01)
-    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
     args = parser.parse_args()
-    workdir = args.workdir or tempfile.mkdtemp(prefix="mvsink-bench-freshness-")
-    shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir)
+    with work_directory(args.workdir, "freshness") as workdir:
+        return run(args, workdir)
+
+
+def run(args, workdir: str) -> int:
     source, target = os.path.join(workdir, "source"), os.path.join(workdir, "view")
 
     from pyspark.sql import functions as F

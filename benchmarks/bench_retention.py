@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench_sink import machine
+from bench_sink import WORKDIR_HELP, machine, work_directory
 
 
 def main() -> int:
@@ -32,11 +30,13 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=5, help="source commits per step")
     parser.add_argument("--retain", type=int, default=20, help="retain_history in times")
     parser.add_argument("--report", type=int, default=50)
-    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
     args = parser.parse_args()
-    workdir = args.workdir or tempfile.mkdtemp(prefix="mvsink-bench-retention-")
-    shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir)
+    with work_directory(args.workdir, "retention") as workdir:
+        return run(args, workdir)
+
+
+def run(args, workdir: str) -> int:
 
     import duckdb
     import duckdb_ext

@@ -21,8 +21,11 @@ query over the change feed; else the query evaluated at the pinned version and d
 last result) and committed, then a step that finds nothing to do), *overwrite*
 (the query written with ``mode("overwrite")``) and *MERGE* (the query merged on the key: update
 when changed, insert when not matched, ``WHEN NOT MATCHED BY SOURCE DELETE``); and, as the floor,
-*query* (the query evaluated and counted, writing nothing). mvsink's time is split by phase.
+*query* (the query evaluated, every output column, into Spark's ``noop`` sink: writing nothing;
+a count would let Spark skip the columns). mvsink's time is split by phase.
 At the end the three tables and the query are compared through an order-independent hash.
+Before the initial loads, mvsink and overwrite each load a source of ``--rows``/20 once, so that
+neither pays for warming the JVM up (as in ``bench_sink.py``); those times are printed apart.
 
 Run: ``python benchmarks/bench_snapshot.py [--query identity|filter|aggregate] [--rows 1000000] [--rounds 5]
 [--recompute]``.
@@ -32,13 +35,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
-from bench_sink import fingerprint, machine, percentile
+from bench_sink import WORKDIR_HELP, fingerprint, machine, percentile, work_directory
 
 QUERIES = {
     "identity": ("SELECT id, customer, amount, note FROM source", ("id",)),
@@ -64,13 +65,15 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=5_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--change-fraction", type=float, default=0.01)
-    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
     parser.add_argument("--recompute", action="store_true",
                         help="evaluate the query in full each round even where it is row-wise or a linear aggregate")
     args = parser.parse_args()
-    workdir = args.workdir or tempfile.mkdtemp(prefix="mvsink-bench-snapshot-")
-    shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir)
+    with work_directory(args.workdir, "snapshot") as workdir:
+        return run(args, workdir)
+
+
+def run(args, workdir: str) -> int:
     paths = {n: os.path.join(workdir, n) for n in ("source", "view", "overwrite", "merge")}
     sql, key = QUERIES[args.query]
 
@@ -84,26 +87,47 @@ def main() -> int:
     spark = spark_session("mvsink-bench-snapshot")
     modulus = int(round(1 / args.change_fraction))
     print(f"building a {args.rows:,}-row source in {workdir} ...", flush=True)
-    (spark.range(args.rows)
-     .select("id", F.concat(F.lit("customer-"), (F.col("id") % args.groups).cast("string")).alias("customer"),
-             (F.col("id") % 997).alias("amount"), F.sha1(F.col("id").cast("string")).alias("note"))
-     .write.format("delta").option("delta.enableDeletionVectors", "false")
-     .option("delta.enableChangeDataFeed", "true").save(paths["source"]))
 
-    definition = ViewDefinition("bench", paths["view"], SnapshotInput(sql=sql), key=key,
-                                sources={"source": paths["source"]}, replica_id="bench")
-    view = MaterializedView(spark, definition)
-    if args.recompute:
-        view.desired.row_wise, view.desired.aggregate = False, None
+    def build(path, rows):
+        (spark.range(rows)
+         .select("id", F.concat(F.lit("customer-"), (F.col("id") % args.groups).cast("string")).alias("customer"),
+                 (F.col("id") % 997).alias("amount"), F.sha1(F.col("id").cast("string")).alias("note"))
+         .write.format("delta").option("delta.enableDeletionVectors", "false")
+         .option("delta.enableChangeDataFeed", "true").save(path))
 
-    def query():
-        spark.read.format("delta").load(paths["source"]).createOrReplaceTempView("source")
+    def materialized_view(name, source, target):
+        definition = ViewDefinition(name, target, SnapshotInput(sql=sql), key=key, sources={"source": source},
+                                    replica_id="bench")
+        view = MaterializedView(spark, definition)
+        if args.recompute:
+            view.desired.row_wise, view.desired.aggregate = False, None
+        return view
+
+    def query(source=paths["source"]):
+        spark.read.format("delta").load(source).createOrReplaceTempView("source")
         return spark.sql(sql)
 
-    columns = query().columns
+    def overwrite(source=paths["source"], target=paths["overwrite"]):
+        query(source).write.format("delta").mode("overwrite").save(target)
 
-    def overwrite():
-        query().write.format("delta").mode("overwrite").save(paths["overwrite"])
+    def timed(fn) -> float:
+        started = time.monotonic()
+        fn()
+        return time.monotonic() - started
+
+    build(paths["source"], args.rows)
+    # Both initial loads once on a small source first, so that neither pays for warming the JVM up
+    # (mvsink's first Arrow and Python tasks, the first Delta write), as in bench_sink.py.
+    warm, warm_rows = os.path.join(workdir, "warm-up"), max(1, args.rows // 20)
+    build(warm, warm_rows)
+    warm_up = {"mvsink": timed(materialized_view("warm", warm, warm + "-view").run_until_caught_up),
+               "overwrite": timed(lambda: overwrite(warm, warm + "-overwrite"))}
+    warm_up_line = (f"warm-up initial loads (a cold JVM, a {warm_rows:,}-row source): "
+                    + ", ".join(f"{k} {v:.1f}s" for k, v in warm_up.items()))
+    print(warm_up_line, flush=True)
+
+    view = materialized_view("bench", paths["source"], paths["view"])
+    columns = query().columns
 
     def merge():
         (DeltaTable.forPath(spark, paths["merge"]).alias("t").merge(
@@ -113,11 +137,6 @@ def main() -> int:
          .whenNotMatchedInsertAll()
          .whenNotMatchedBySourceDelete()
          .execute())
-
-    def timed(fn) -> float:
-        started = time.monotonic()
-        fn()
-        return time.monotonic() - started
 
     # The query run once first, so that the source's log replay and the page cache serve all alike.
     query().write.format("noop").mode("overwrite").save()
@@ -141,13 +160,13 @@ def main() -> int:
                                   for p, s in view.metrics.phase_seconds.items())
         rounds["overwrite"].append(timed(overwrite))
         rounds["MERGE"].append(timed(merge))
-        rounds["query"].append(timed(lambda: query().count()))
+        rounds["query"].append(timed(lambda: query().write.format("noop").mode("overwrite").save()))
         print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in rounds.items())
               + f" (the version's snapshot, built first for all: {snapshot[-1]:.2f}s; mvsink: {mvsink_phases})",
               flush=True)
     spent = {p: s - phases_before.get(p, 0.0) for p, s in view.metrics.phase_seconds.items()}
 
-    prints = {"mvsink": fingerprint(read_view(spark, paths["view"], definition.view_id), columns),
+    prints = {"mvsink": fingerprint(read_view(spark, paths["view"], view.view.view_id), columns),
               "overwrite": fingerprint(spark.read.format("delta").load(paths["overwrite"]), columns),
               "MERGE": fingerprint(spark.read.format("delta").load(paths["merge"]), columns),
               "query": fingerprint(query(), columns)}
@@ -159,6 +178,7 @@ def main() -> int:
     print(f"workload: {sql!r} over {args.rows:,} rows ({view_rows:,} view rows; change data feed on); "
           f"per round one source commit updating {args.change_fraction:.0%} of them; {args.rounds} rounds; "
           f"mvsink {_path(view.desired)}")
+    print(warm_up_line)
     print("initial load:  " + "  ".join(f"{k} {v:6.1f}s" for k, v in hydration.items()))
     print("mvsink initial load, by phase: " + ", ".join(
         f"{p} {s:.2f}s ({jobs_before.get(p, 0)} jobs)" for p, s in phases_before.items()))

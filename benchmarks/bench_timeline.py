@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
-from bench_sink import fingerprint, machine, percentile
+from bench_sink import WORKDIR_HELP, fingerprint, machine, percentile, work_directory
 
 SQL = "SELECT o.id, o.amount, c.name, c.segment FROM orders o JOIN customers c ON o.customer = c.id"
 COLUMNS = ["id", "amount", "name", "segment"]
@@ -47,11 +45,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--backlog", type=int, default=25)
     parser.add_argument("--change-fraction", type=float, default=0.01)
-    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
     args = parser.parse_args()
-    workdir = args.workdir or tempfile.mkdtemp(prefix="mvsink-bench-timeline-")
-    shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir)
+    with work_directory(args.workdir, "timeline") as workdir:
+        return run(args, workdir)
+
+
+def run(args, workdir: str) -> int:
     paths = {n: os.path.join(workdir, n) for n in ("orders", "customers", "view", "per_commit", "overwrite",
                                                     "merge")}
     sources = {"orders": paths["orders"], "customers": paths["customers"]}
