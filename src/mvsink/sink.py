@@ -40,7 +40,7 @@ import logging
 import tempfile
 import threading
 import time
-from functools import reduce
+from functools import cached_property, reduce
 from typing import Callable, NamedTuple
 from dataclasses import dataclass, field
 
@@ -143,7 +143,6 @@ class MaterializedView:
         self.upkeep = Upkeep(Retention.parse(view.retain_history))
         self.metrics = ViewMetrics()
         self.correction = CorrectionBuffer(spark, self.schema)
-        self._key_errors = KeyErrors(view.key, self.schema) if view.key else None
         self.readback = ReadBack(spark, self.shard, self.schema)
         #: The running (or last) step's profile.
         self._profile = StepProfile(spark)
@@ -268,12 +267,11 @@ class MaterializedView:
             if self._keys_unchecked:  # the buffer is not known to be right: hydrate again
                 self._forget()
             raise
-        if desc is not None:
-            if report.appended:
-                self.observed_upper = max(self.observed_upper, desc.upper)
-                report.repairs = repairing
-                with profile.phase("upkeep"):
-                    self.upkeep.run(self)
+        if desc is not None and report.appended:
+            self.observed_upper = max(self.observed_upper, desc.upper)
+            report.repairs = repairing
+            with profile.phase("upkeep"):
+                self.upkeep.run(self)
         self._steps += 1
         if not self.read_only and (self._steps == 1 or self._steps % _CLEANUP_EVERY == 0):
             with profile.phase("upkeep"):
@@ -438,6 +436,12 @@ class MaterializedView:
         """Whether the batch for ``desc`` is the buffer's updates as they are: no undos to add,
         and the buffer's times (a held snapshot's: all at its since) in `[lower, upper)`."""
         return not self.pending_repairs and desc.lower <= self.correction.since < desc.upper
+
+    @cached_property
+    def _key_errors(self) -> KeyErrors:
+        """The key's error expressions, built when a key is first checked (0.2 s of Spark
+        expressions that a view never checking a key does not pay for)."""
+        return KeyErrors(self.view.key, self.schema)
 
     def _check_keys(self, desired: Changes | None, since: int) -> None:
         """Recompute key violations where a key's row count changed (everywhere if ``desired`` is
