@@ -9,7 +9,9 @@ Each :meth:`MaterializedView.step` (one trigger, e.g. one ``foreachBatch`` call)
    hydrates: the view's contents at `max(as_of, upper - 1)`, and the whole table on the persisted
    side);
 3. fold both into the correction buffer (`desired - persisted`), times advanced to the persist
-   frontier; recompute key violations for the keys that changed. A writer that has computed
+   frontier; recompute key violations for the keys that changed (a hydration into an empty
+   table holds its snapshot as it is, and the staging of step 5 reports whether every key
+   has one row: :meth:`MaterializedView._check_held_keys`). A writer that has computed
    every time and still finds a correction due at a time already in the table (drift: damage,
    a lost write) mints a *repair time* with the same source versions, so that the repair has a
    time to go to without waiting for a source commit;
