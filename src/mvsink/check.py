@@ -7,6 +7,12 @@ itself. A time stands for the source versions the timeline's entry gives it.
 For every committed version of the target, for every time `t` in `[since, upper)` at that version
 (since: ``as_of``, or later once compacted), the consolidated rows at `t` must equal ``expected(t)``; the mvsink commits must cover each time
 range once (each commit's lower is the previous upper: no duplicates, no gaps).
+
+A target in the table layout holds the view's rows: every version made by a commit of the view
+for `[lower, upper)` must read (plain rows, as any Delta reader sees them) as ``expected(t)`` for
+every `t` in `[lower, upper)`, with no error update in the error files it lists; versions made by
+foreign commits, and a commit that landed on a foreign commit it had not read, are not the view's
+and are counted apart (:attr:`CheckResult.foreign_versions`).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Callable
 from deltalake import DeltaTable
 
 from mvsink import storage
+from mvsink.layout import TABLE, error_files, layout_of
 from mvsink.table import latest_version
 from mvsink.timeline import APP_ID as TIMELINE_APP_ID
 from mvsink.timeline import SOURCES_PROPERTY
@@ -115,6 +122,8 @@ class CheckResult:
     problems: list[str] = field(default_factory=list)
     #: For each table version with problems, the times at which the table differs from the view.
     bad_times: dict[int, list[int]] = field(default_factory=dict)
+    #: Table layout: versions not checked, made by or on a foreign commit.
+    foreign_versions: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -130,14 +139,12 @@ class CheckResult:
 def check_table(target: str, view_id: str, columns: list[str], expected: Callable[[int], Counter],
                 as_of: int = 0, from_version: int = 0) -> CheckResult:
     """Check every committed version of ``target`` from ``from_version`` (see module doc)."""
+    if layout_of(target) == TABLE:
+        return _check_rows(target, view_id, columns, expected, as_of, from_version)
     result = CheckResult()
     latest = table_at(target).version()
     result.commits = _mvsink_commits(target, view_id)
-    previous_upper = None
-    for lower, upper, _reason, _replica in result.commits:
-        if previous_upper is not None and lower != previous_upper:
-            result.problems.append(f"commit [{lower}, {upper}) does not start at the previous upper {previous_upper}")
-        previous_upper = upper
+    _check_contiguous(result)
     app_id = f"mvsink:{view_id}"
     compactions = _compactions(target, view_id)
     for version in range(from_version, latest + 1):
@@ -178,6 +185,70 @@ def check_table(target: str, view_id: str, columns: list[str], expected: Callabl
                     f"extra {dict(list(extra.items())[:3])}, errors {dict(list((+errors).items())[:2])}"
                 )
     return result
+
+
+_CONTENT_PRESERVING = {"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "CHECKPOINT"}
+
+
+def _check_rows(target: str, view_id: str, columns: list[str], expected: Callable[[int], Counter],
+                as_of: int, from_version: int) -> CheckResult:
+    """:func:`check_table` for a target in the table layout (see the module doc)."""
+    result = CheckResult(commits=_mvsink_commits(target, view_id))
+    _check_contiguous(result)
+    infos = {int(i["version"]): i for i in table_at(target).history()}
+    foreign: list[int] = []
+    for version in range(0, table_at(target).version() + 1):
+        info = infos.get(version, {})
+        if info.get("mvsink.view") != view_id:
+            if version > 0 and info.get("operation") not in _CONTENT_PRESERVING:
+                foreign.append(version)
+                if version >= from_version:
+                    result.foreign_versions.append(version)
+            continue
+        lower, upper = int(info["mvsink.lower"]), int(info["mvsink.upper"])
+        if info.get("mvsink.reason") == "advance-upper" or version < from_version or upper <= as_of:
+            continue
+        if any(int(info.get("mvsink.readback", -1)) < f < version for f in foreign):
+            result.foreign_versions.append(version)
+            continue
+        times = range(max(lower, as_of), upper) if lower < upper else [upper - 1]
+        table = table_at(target, version)
+        data = table.to_pyarrow_table(columns=columns)
+        have = Counter(zip(*(data.column(c).to_pylist() for c in columns)))
+        errors = _error_updates(target, error_files(info) or [])
+        result.versions_checked += 1
+        for t in times:
+            result.times_checked += 1
+            want = expected(t)
+            if have != want or errors:
+                result.bad_times.setdefault(version, []).append(t)
+                missing, extra = want - have, have - want
+                result.problems.append(
+                    f"version {version} time {t}: missing {dict(list(missing.items())[:3])}, "
+                    f"extra {dict(list(extra.items())[:3])}, errors {dict(list(errors.items())[:2])}")
+    return result
+
+
+def _error_updates(target: str, paths: list[str]) -> Counter:
+    """The consolidated error messages of a table-layout version's error files."""
+    import pyarrow.parquet as pq
+
+    errors: Counter = Counter()
+    fs, root = storage.filesystem(target)
+    for path in paths:
+        with fs.open_input_file(storage.join(root, path)) as f:
+            data = pq.read_table(f, columns=[ERROR, DIFF])
+        for error, diff in zip(data.column(ERROR).to_pylist(), data.column(DIFF).to_pylist()):
+            errors[error] += diff
+    return +errors
+
+
+def _check_contiguous(result: CheckResult) -> None:
+    previous_upper = None
+    for lower, upper, _reason, _replica in result.commits:
+        if previous_upper is not None and lower != previous_upper:
+            result.problems.append(f"commit [{lower}, {upper}) does not start at the previous upper {previous_upper}")
+        previous_upper = upper
 
 
 def _mvsink_commits(target: str, view_id: str) -> list[tuple[int, int, str, str]]:

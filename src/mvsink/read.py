@@ -1,4 +1,8 @@
-"""Reading a view: its consolidated contents at a time, its upper and since.
+"""Reading a view: its contents at a time, its upper and since.
+
+In the table layout (:mod:`mvsink.layout`) the view at time `t` is the table at the version that
+holds `t` (:func:`version_of_time`): the view's commit whose `[lower, upper)` covers `t`, read with
+Delta time travel; its errors are the error files that commit lists. In the update layout:
 
 The view at time `t` is the consolidation of the table's updates with time <= `t`. It is only
 defined for `since <= t < upper`: below ``since`` the table holds nothing for it (before the first
@@ -15,10 +19,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mvsink import storage
-from mvsink.append import (META_LOWER, META_REASON, META_SINCE, META_VIEW, REASON_ADVANCE_UPPER,
-                           REASON_COMPACTION, Shard)
-from mvsink.table import latest_version, spark_uri
-from mvsink.updates import DIFF, ERROR, RESERVED, TIME, contents_at, normalize
+from mvsink.append import (META_LOWER, META_READBACK, META_REASON, META_SINCE, META_UPPER, META_VIEW,
+                           REASON_ADVANCE_UPPER, REASON_COMPACTION, Shard)
+from mvsink.layout import TABLE, error_files, layout_of
+from mvsink.table import file_uri, latest_version, spark_uri
+from mvsink.updates import CLOSED, DIFF, ERROR, RESERVED, TIME, contents_at, normalize
 
 
 class ViewInError(RuntimeError):
@@ -61,7 +66,7 @@ def since_of(table: DeltaTable, view_id: str) -> int | None:
     for info in newest_first(table):
         if info.get(META_VIEW) != view_id:
             continue
-        if info.get(META_REASON) == REASON_COMPACTION:
+        if info.get(META_REASON) == REASON_COMPACTION and META_SINCE in info:
             return int(info[META_SINCE])
         if info.get(META_REASON) != REASON_ADVANCE_UPPER:
             first_lower = int(info[META_LOWER])
@@ -88,6 +93,78 @@ def updates(spark: SparkSession, target: str, version: int | None = None) -> Dat
     return normalize(table, table.schema)
 
 
+#: Foreign operations that never change a table's contents.
+_CONTENT_PRESERVING = {"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "CHECKPOINT"}
+#: Why a commit of the view was made, for the commits whose version holds the view's times.
+_HOLDS_TIMES = {"correction", "repair", "progress", REASON_COMPACTION}
+
+
+def version_of_time(target: str, view_id: str, time: int) -> int:
+    """The table version that holds the view at ``time`` (table layout): the version of the
+    view's commit whose `[lower, upper)` covers ``time``. Raises :class:`NotReadable` outside
+    `[since, upper)`, and where that commit landed on a foreign commit it had not read (its
+    version holds the foreign change too; the next commit repaired it, at a later time)."""
+    return _holding(target, view_id, time)[0]
+
+
+def _holding(target: str, view_id: str, time: int) -> tuple[int, dict]:
+    """:func:`version_of_time` and the commit info of that version."""
+    shard = _shard(target, view_id)
+    if latest_version(target) is None:
+        raise NotReadable(f"view {view_id!r} has written nothing: {target} is not a table yet")
+    table = shard.table()
+    upper = shard.upper_of(table)
+    if not time < upper:
+        raise NotReadable(f"view {view_id!r} is readable at times below its upper {upper}, not at {time}")
+    foreign: list[int] = []
+    for info in newest_first(table):
+        version = int(info["version"])
+        if info.get(META_VIEW) != view_id:
+            if info.get("operation") not in _CONTENT_PRESERVING:
+                foreign.append(version)
+            continue
+        if info.get(META_REASON) not in _HOLDS_TIMES or not int(info[META_LOWER]) <= time < int(info[META_UPPER]):
+            if int(info[META_UPPER]) <= time:
+                break
+            continue
+        if info.get(META_REASON) == REASON_COMPACTION:
+            continue  # the same rows as the commit it rearranged: take that one
+        unread = [v for v in foreign if int(info.get(META_READBACK, -1)) < v < version]
+        if unread:
+            raise NotReadable(f"view {view_id!r} at time {time}: its version {version} also holds the foreign "
+                              f"commit(s) {sorted(unread)} it had not read; the view is right again from "
+                              "the repair after them on")
+        return version, info
+    raise NotReadable(f"view {view_id!r}: no version of {target} holds time {time} (before the view's "
+                      "first write, or its commit is no longer in the log)")
+
+
+def _read_table_layout(spark: SparkSession, target: str, view_id: str, time: int | None,
+                       errors: str) -> DataFrame:
+    if time is None:
+        time = view_upper(target, view_id) - 1
+    version, info = _holding(target, view_id, time)
+    if errors == "raise":
+        messages = _error_messages(spark, target, error_files(info) or [], 5)
+        if messages:
+            raise ViewInError(f"view {view_id!r} is in error at time {time}: " + " | ".join(messages))
+    return spark.read.format("delta").option("versionAsOf", version).load(spark_uri(target))
+
+
+def _error_rows(spark: SparkSession, target: str, paths: list[str]) -> DataFrame | None:
+    """The consolidated error updates of a table-layout version's error files, one row per copy."""
+    if not paths:
+        return None
+    rows = normalize(spark.read.parquet(*[file_uri(target, p) for p in paths]),
+                     spark.read.parquet(file_uri(target, paths[0])).schema)
+    return contents_at(rows, CLOSED).where(F.col(ERROR).isNotNull())
+
+
+def _error_messages(spark: SparkSession, target: str, paths: list[str], most: int) -> list[str]:
+    rows = _error_rows(spark, target, paths)
+    return [] if rows is None else [r[ERROR] for r in rows.select(ERROR).limit(most).collect()]
+
+
 def read_view(spark: SparkSession, target: str, view_id: str, time: int | None = None,
               errors: str = "raise") -> DataFrame:
     """The view's rows at ``time`` (default: the latest final time, `upper - 1`).
@@ -95,6 +172,10 @@ def read_view(spark: SparkSession, target: str, view_id: str, time: int | None =
     ``errors``: "raise" (the default) raises :class:`ViewInError` if the view is in error at
     ``time``; "ignore" returns the ok rows regardless.
     """
+    if errors not in ("raise", "ignore"):
+        raise ValueError(f"errors must be 'raise' or 'ignore', not {errors!r}")
+    if layout_of(target) == TABLE:
+        return _read_table_layout(spark, target, view_id, time, errors)
     upper = view_upper(target, view_id)
     since = view_since(target, view_id)
     time = upper - 1 if time is None else time
@@ -105,15 +186,26 @@ def read_view(spark: SparkSession, target: str, view_id: str, time: int | None =
         messages = [r[ERROR] for r in contents.where(F.col(ERROR).isNotNull()).select(ERROR).limit(5).collect()]
         if messages:
             raise ViewInError(f"view {view_id!r} is in error at time {time}: " + " | ".join(messages))
-    elif errors != "ignore":
-        raise ValueError(f"errors must be 'raise' or 'ignore', not {errors!r}")
     user = [c for c in contents.columns if c not in RESERVED]
     return contents.where(F.col(ERROR).isNull()).select(*user)
 
 
-def view_errors(spark: SparkSession, target: str, time: int) -> DataFrame:
-    """The error messages of the view at ``time`` (one row per error update copy)."""
+def view_errors(spark: SparkSession, target: str, time: int, view_id: str | None = None) -> DataFrame:
+    """The error messages of the view at ``time`` (one row per error update copy); in the table
+    layout, of the view ``view_id`` (default: the writer of the table's newest mvsink commit)."""
+    if layout_of(target) == TABLE:
+        view_id = view_id or _newest_view(target)
+        _, info = _holding(target, view_id, time)
+        rows = _error_rows(spark, target, error_files(info) or [])
+        return spark.createDataFrame([], f"{ERROR} STRING") if rows is None else rows.select(ERROR)
     return contents_at(updates(spark, target), time).where(F.col(ERROR).isNotNull()).select(ERROR)
+
+
+def _newest_view(target: str) -> str:
+    for info in newest_first(_shard(target, "reader").table()):
+        if info.get(META_VIEW):
+            return info[META_VIEW]
+    raise NotReadable(f"{target} has no mvsink commit")
 
 
 def register_temp_view(spark: SparkSession, target: str, view_id: str, name: str | None = None,
@@ -149,6 +241,12 @@ def plain_sql(target: str, time: int | None = None, dialect: str = "duckdb", tab
     if latest_version(target) is None:
         raise ValueError(f"{target} is not a Delta table")
     source, repeat = _DIALECTS[dialect]
+    if layout_of(target) == TABLE:
+        if time is not None:
+            raise ValueError(f"{target} holds the view's rows (table layout): read time {time} at the "
+                             f"version that holds it (mvsink version-of {target} --time {time}) with "
+                             f"your engine's time travel")
+        return f"SELECT * FROM {source.format(path=spark_uri(target) if dialect == 'spark' else target, table=table)}"
     schema = storage.retrying(f"loading {target}", DeltaTable, storage.delta_uri(target),
                               storage_options=storage.storage_options(target)).schema()
     columns = ", ".join(f'"{f.name}"' if dialect != "spark" else f"`{f.name}`"

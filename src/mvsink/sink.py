@@ -38,6 +38,7 @@ at the versions the timeline pins, so that all replicas see the same times and r
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 import threading
@@ -49,7 +50,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from mvsink import storage
+from mvsink import layout, storage
 from mvsink.append import (META_HISTORY, META_READBACK, REASON_CORRECTION, REASON_PROGRESS,
                            REASON_REPAIR, Shard, compare_and_append)
 from mvsink.append.retention import Retention, Upkeep
@@ -57,6 +58,7 @@ from mvsink.cleanup import clean_orphans
 from mvsink.correction import CorrectionBuffer, checkpointed
 from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.hydration import Hydration
+from mvsink.layout import META_ERRORS, TABLE
 from mvsink.inputs import Changes, desired_for
 from mvsink.key_check import KeyErrors, KeyRanges, touched_keys, unique_keys, unique_keys_by_shuffle
 from mvsink.metrics import ViewMetrics
@@ -65,9 +67,10 @@ from mvsink.mint import Description, Minter
 from mvsink.table import latest_version
 from mvsink.target import create_target, validate_target
 from mvsink.timeline import (REASON_REPAIR_TIME, REASON_SOURCES, Timeline, TimeWentBackwards)
-from mvsink.updates import TIME, advance_times, consolidate, negate
+from mvsink.updates import DIFF, ERROR, RESERVED, TIME, advance_times, consolidate, negate
 from mvsink.view import ConfigError, ViewDefinition
-from mvsink.write import StagedBatch, batch_updates, stage
+from mvsink.write import ERRORS_DIR, StagedBatch, batch_updates, stage, staged_prefix
+from mvsink.write.rewrite import TableFile, rewrite_retractions
 
 log = logging.getLogger(__name__)
 
@@ -139,13 +142,14 @@ class MaterializedView:
         self.timeline.refresh()
         self.desired = desired_for(spark, view, self.timeline)
         self.schema = self.desired.schema
-        validate_target(spark, view, self.schema)
+        self.layout = layout.resolve(view.target, view.layout, view.view_id)
+        validate_target(spark, view, self.schema, self.layout)
         self._check_times(table_upper)
         self.minter = Minter(view.as_of, view.read_only)
         self.upkeep = Upkeep(Retention.parse(view.retain_history))
         self.metrics = ViewMetrics()
         self.correction = CorrectionBuffer(spark, self.schema)
-        self.readback = ReadBack(spark, self.shard, self.schema)
+        self.readback = ReadBack(spark, self.shard, self.schema, self.layout)
         #: The running (or last) step's profile.
         self._profile = StepProfile(spark)
         self.desired_frontier: int | None = None
@@ -160,9 +164,9 @@ class MaterializedView:
         #: The buffer holds a hydration's snapshot whose keys are not checked yet (:meth:`_hold_unchecked`).
         self._keys_unchecked = False
         self._steps = 0
-        log.info("view %s (replica %s) on %s: %s over %s, key %s, as_of %d, timeline %s%s", view.view_id,
-                 view.replica_id, view.target, type(view.input).__name__, view.sources, list(view.key),
-                 view.as_of, view.timeline, ", read-only" if view.read_only else "")
+        log.info("view %s (replica %s) on %s (%s layout): %s over %s, key %s, as_of %d, timeline %s%s",
+                 view.view_id, view.replica_id, view.target, self.layout, type(view.input).__name__,
+                 view.sources, list(view.key), view.as_of, view.timeline, ", read-only" if view.read_only else "")
 
     @property
     def read_only(self) -> bool:
@@ -251,7 +255,7 @@ class MaterializedView:
         self.minter.advance_persist(max(self.view.as_of, persisted.upper))
         if self.desired_frontier is not None:
             self.minter.advance_desired(self.desired_frontier)
-        desc = self.minter.maybe_mint()
+        desc = self._cap(self.minter.maybe_mint())
         try:
             staged = self._check_held_keys(desc)
             with profile.phase("correction"):
@@ -321,6 +325,16 @@ class MaterializedView:
             if desired is not None:
                 self._fold(None, desired, persisted)
         return persisted, minted
+
+    def _cap(self, desc: Description | None) -> Description | None:
+        """In the table layout, ``desc`` ending at the first time after its lower at which the
+        buffer changes the view: a commit makes the table the view at every time it covers
+        (:mod:`mvsink.layout`), so it covers no time at which the view changes but its lower."""
+        if desc is None or self.layout != TABLE or desc.upper - desc.lower == 1 or self.correction.size == 0:
+            return desc
+        with self._profile.phase("mint"):
+            later = self.correction.updates.where(F.col(TIME) > F.lit(desc.lower)).agg(F.min(TIME)).first()[0]
+        return desc if later is None or later >= desc.upper else Description(desc.lower, later)
 
     def _mint_time(self, versions: dict[str, int], reason: str) -> int | None:
         time_ = self.timeline.upper
@@ -482,11 +496,48 @@ class MaterializedView:
         """Step 5: the batch for ``desc`` staged (with its files' key reports, given ``key_ranges``)."""
         with self._profile.phase("staging"):
             if latest_version(self.view.target) is None:
-                create_target(self.view, self.schema)
-            updates, history_updates = _commit_updates(desc, self.correction.updates, self.correction.since,
-                                                       list(self.pending_repairs.values()))
+                create_target(self.view, self.schema, self.layout)
+            undos = list(self.pending_repairs.values()) if self.layout != TABLE else []
+            updates, history_updates = _commit_updates(desc, self.correction.updates, self.correction.since, undos)
+            if self.layout == TABLE:
+                return _Staged(self._stage_rows(updates, desc, key_ranges), None)
             batch = stage(updates, desc, self.view.target, self.view.view_id, self.view.replica_id, key_ranges)
         return _Staged(batch, history_updates)
+
+    def _stage_rows(self, updates: DataFrame, desc: Description, key_ranges: KeyRanges | None) -> StagedBatch:
+        """The table layout's batch: the files holding retracted rows rewritten without them
+        (none where the read-back saw no data file), the added rows and the error updates
+        staged (:func:`~mvsink.write.stage` with plain columns)."""
+        columns = [f.name for f in self.schema.fields if f.name not in RESERVED]
+        files = self._table_files()
+        rewrites = None
+        if files:
+            retractions = updates.where(F.col(ERROR).isNull() & (F.col(DIFF) < 0))
+            rewrites = rewrite_retractions(self.spark, retractions, files, self.view.target,
+                                           staged_prefix(self.view.view_id, desc, self.view.replica_id),
+                                           columns, (self.view.key or columns)[0])
+            updates = updates.where(F.col(ERROR).isNotNull() | (F.col(DIFF) > 0))
+        batch = stage(updates, desc, self.view.target, self.view.view_id, self.view.replica_id, key_ranges,
+                      plain_columns=columns)
+        if rewrites is not None:
+            batch.files += rewrites.files
+            batch.removes = rewrites.removes
+            batch.updates += rewrites.retractions
+        return batch
+
+    def _table_files(self) -> list[TableFile]:
+        """The data files the read-back last saw, with their statistics of the prune column
+        (the key's first column, else the first) where the latest snapshot still has them."""
+        paths = {p for p in self.readback.files if not p.startswith(ERRORS_DIR + "/")}
+        if not paths:
+            return []
+        column = (self.view.key or [f.name for f in self.schema.fields])[0]
+        actions = self.shard.table().get_add_actions(flatten=True)
+        names = actions.column_names
+        rows = zip(*(actions.column(c).to_pylist() if c in names else [None] * actions.num_rows
+                     for c in ("path", "size_bytes", f"min.{column}", f"max.{column}", f"null_count.{column}")))
+        known = {r[0]: TableFile(*r) for r in rows if r[0] in paths}
+        return [known.get(p) or TableFile(p, 0) for p in sorted(paths)]
 
     def _write_and_append(self, desc: Description, staged: _Staged | None) -> tuple[bool, int]:
         """Steps 5-6 (the staging done already if ``staged``). Returns whether the append won
@@ -496,17 +547,26 @@ class MaterializedView:
         extra = {META_READBACK: self._readback_version}
         if history_updates is not None:
             extra[META_HISTORY] = history_updates
+        error_files = None
+        if self.layout == TABLE:
+            error_files = self.readback.error_files + [f.path for f in batch.error_files]
+            extra[META_ERRORS] = json.dumps(error_files)
         if self.pending_repairs:
             reason = REASON_REPAIR
         else:
-            reason = REASON_CORRECTION if batch.files else REASON_PROGRESS
+            reason = REASON_PROGRESS if batch.empty else REASON_CORRECTION
         with profile.phase("commit"):
-            result = compare_and_append(self.shard, desc, batch if batch.files else None, reason,
+            result = compare_and_append(self.shard, desc, None if batch.empty else batch, reason,
                                         sorted(self.pending_repairs), extra=extra)
+        if result.stale:
+            self.minter.abandon(desc)
         if result.appended:
             # Own files need no read-back when nothing landed in between (the buffer knows them).
             exact = self.correction.since >= desc.lower  # the batch is the buffer's updates as they are
-            if not self.pending_repairs and self.readback.adopt(result.commit_ids, [f.path for f in batch.files]):
+            adopted = not self.pending_repairs and self.readback.adopt(
+                result.commit_ids, [f.path for f in batch.files + batch.error_files],
+                tuple(path for path, _ in batch.removes), error_files)
+            if adopted:
                 self.correction.drop_written(desc.upper, batch.num_records if exact else None)
             self.pending_repairs.clear()
         return result.appended, len(batch.files)
@@ -529,8 +589,8 @@ class MaterializedView:
                 raise NotCaughtUp(f"view {self.view.view_id!r}: replica {self.view.replica_id} {state}; "
                                   f"the table's upper is {lower}; try again once it has caught up")
             corrections, since = self.correction.updates, self.correction.since
-            undos = list(self.pending_repairs.values())
-        desc = Description(lower, desired if desired > lower else lower + 1)
+            undos = list(self.pending_repairs.values()) if self.layout != TABLE else []
+            desc = self._cap(Description(lower, desired if desired > lower else lower + 1))
         return desc, _commit_updates(desc, corrections, since, undos)[0]
 
     # -- running -------------------------------------------------------------------------------

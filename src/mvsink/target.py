@@ -1,7 +1,7 @@
 """The target table: created on a view's first write, checked against the view at every start.
 
-The table is created by delta-rs with the view's table schema (:func:`mvsink.updates.table_schema`)
-and no partitioning. A replica that finds the table already there (another replica made it, or an
+The table is created by delta-rs in the view's layout (:mod:`mvsink.layout`: the view's columns,
+or its updates' columns), recorded in its ``mvsink.layout`` property, and no partitioning. A replica that finds the table already there (another replica made it, or an
 older run) checks that its columns and types are the view's; a mismatch stops the replica before
 it writes anything.
 """
@@ -16,16 +16,19 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink import storage
+from mvsink.layout import LAYOUT_PROPERTY, stored_schema
 from mvsink.table import latest_version, spark_uri
 from mvsink.view import ConfigError, ViewDefinition
 
 log = logging.getLogger(__name__)
 
 
-def validate_target(spark: SparkSession, view: ViewDefinition, schema: T.StructType) -> None:
-    """Raise :class:`ConfigError` if the existing target's schema is not ``schema``."""
+def validate_target(spark: SparkSession, view: ViewDefinition, schema: T.StructType, layout: str) -> None:
+    """Raise :class:`ConfigError` if the existing target's schema is not what the view's updates
+    (``schema``) are stored as in ``layout``."""
     if latest_version(view.target) is None:
         return
+    schema = stored_schema(layout, schema)
     actual = spark.read.format("delta").load(spark_uri(view.target)).schema
     want = {f.name: f.dataType for f in schema.fields}
     have = {f.name: f.dataType for f in actual.fields}
@@ -41,15 +44,17 @@ def validate_target(spark: SparkSession, view: ViewDefinition, schema: T.StructT
         )
 
 
-def create_target(view: ViewDefinition, schema: T.StructType) -> None:
-    """Create the target table, unless another replica got there first."""
+def create_target(view: ViewDefinition, schema: T.StructType, layout: str) -> None:
+    """Create the target table for updates in ``schema`` in ``layout``, unless another replica got
+    there first."""
     try:
         DeltaTable.create(
-            storage.delta_uri(view.target), schema=to_arrow_schema(schema), mode="ignore",
-            name=view.view_id, description=f"mvsink view {view.view_id}",
+            storage.delta_uri(view.target), schema=to_arrow_schema(stored_schema(layout, schema)),
+            mode="ignore", name=view.view_id, description=f"mvsink view {view.view_id}",
+            configuration={LAYOUT_PROPERTY: layout}, raise_if_key_not_exists=False,
             storage_options=storage.storage_options(view.target),
         )
-        log.info("created target table %s", view.target)
+        log.info("created target table %s (%s layout)", view.target, layout)
     except Exception:
         if latest_version(view.target) is None:
             raise

@@ -101,6 +101,9 @@ class ViewDefinition:
     #: How much history the table keeps: a duration (``1h``), a number of times, or ``all``;
     #: None: the default (:mod:`mvsink.append.retention`).
     retain_history: str | int | None = None
+    #: The target's layout (:mod:`mvsink.layout`): ``table`` or ``updates``; None: the existing
+    #: target's, ``table`` for a new one.
+    layout: str | None = None
 
     def __post_init__(self):
         if not self.view_id or any(c in self.view_id for c in "/\\ "):
@@ -108,6 +111,10 @@ class ViewDefinition:
         if not isinstance(self.as_of, int) or self.as_of < 0:
             raise ConfigError(f"as_of must be a non-negative integer, not {self.as_of!r}")
         from mvsink.append.retention import Retention  # the append package imports this module
+        from mvsink.layout import LAYOUTS
+
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ConfigError(f"view {self.view_id!r}: layout must be one of {list(LAYOUTS)}, not {self.layout!r}")
 
         try:
             Retention.parse(self.retain_history)
@@ -191,14 +198,14 @@ def load_config(path: str | os.PathLike, *, read_only: bool | None = None,
 
 
 _SETTINGS = {"view_id", "target", "key", "as_of", "input", "read_only", "replica_id", "sources",
-             "timeline", "retain_history"}
+             "timeline", "retain_history", "layout"}
 
 
 def spec_from_yaml(path: str | os.PathLike) -> dict:
     """The view specification in a YAML file, relative paths made absolute (``base_dir``).
 
     A specification is plain data (it travels in ``CreateDataflow``): view_id, target, key, as_of,
-    sources (name: path), timeline (a path), retain_history, input (kind, source, map_row, output_schema, query or
+    sources (name: path), timeline (a path), retain_history, layout, input (kind, source, map_row, output_schema, query or
     sql; functions as ``module:function``), and ``base_dir``, the directory functions and relative
     paths are resolved against.
     """
@@ -288,4 +295,5 @@ def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None
         sources={name: relative(path) for name, path in sources.items()},
         timeline=relative(spec["timeline"]) if spec.get("timeline") else None,
         retain_history=spec.get("retain_history"),
+        layout=spec.get("layout"),
     )

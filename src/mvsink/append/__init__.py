@@ -19,7 +19,13 @@ Outcomes:
 * the upper is behind `lower` (a first write at ``as_of``): first move it to `lower` with an empty
   commit, then append;
 * the upper is past `lower` (another replica won): delete the staged files and report the upper;
-  the winner's updates reach the correction buffer through read-back.
+  the winner's updates reach the correction buffer through read-back;
+* the batch rewrites files (the table layout's retractions, :mod:`mvsink.write.rewrite`) that the
+  snapshot no longer holds (a foreign commit removed them): the batch was computed against
+  another table, so its files are deleted and it is reported *stale*; the read-back then brings
+  the foreign commit in and the next batch is computed against it. The files are checked in the
+  snapshot the commit is based on, and delta-rs fails a commit whose removed files a concurrent
+  commit removed too, so no rewrite of a changed file lands.
 
 Every commit records in its commit info: view, replica, lower, upper, why it was made, which
 foreign commits it repairs, and a unique id of the commit attempt (``mvsink.commit``).
@@ -91,6 +97,8 @@ class AppendResult:
     #: The ids (``mvsink.commit``) this append's commit attempts carried: if appended, one of
     #: them is in the log (:meth:`mvsink.correction.readback.ReadBack.adopt` finds it).
     commit_ids: frozenset[str] = frozenset()
+    #: Not appended because the batch rewrites files the table no longer holds (see the module doc).
+    stale: bool = False
 
 
 class Shard:
@@ -204,7 +212,8 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
     """Commit ``batch`` (None: no data, only progress) as `[lower, upper)`; see the module doc.
 
     ``extra`` is more commit info (``mvsink.*`` keys) for the commit of ``batch``."""
-    files = batch.files if batch else []
+    files = (batch.files + batch.error_files) if batch else []
+    removes = batch.removes if batch else []
     foreign_conflicts = 0
     transient_failures = 0
     #: Ids of this append's commit attempts, and the table version the first was based on: a
@@ -227,11 +236,16 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
                 continue
             if current > desc.lower:
                 break
+            if removes and not _holds(table, removes):
+                log.info("%s is stale: files it rewrites were removed meanwhile", desc)
+                batch.delete()
+                return AppendResult(False, current, stale=True)
             failpoints.hit(shard.failpoint_prefix + "before-commit")
             commit_id = uuid.uuid4().hex
             attempt_ids.add(commit_id)
             based_on = table.version() if based_on is None else based_on
-            shard.commit(table, desc.lower, desc.upper, reason, files, repairs, commit_id, extra=extra)
+            shard.commit(table, desc.lower, desc.upper, reason, files, repairs, commit_id, removes=removes,
+                         extra=extra)
             failpoints.hit(shard.failpoint_prefix + "after-commit")
             log.info("appended %s: %d files, %d updates (%s)", desc, len(files),
                      batch.num_records if batch else 0, reason)
@@ -268,6 +282,12 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
     if batch:
         batch.delete()
     return AppendResult(False, current)
+
+
+def _holds(table: DeltaTable, files: list[tuple[str, int]]) -> bool:
+    """Whether ``table``'s snapshot holds every one of ``files``."""
+    present = set(table.get_add_actions(flatten=True).column("path").to_pylist())
+    return all(path in present for path, _ in files)
 
 
 def _span(desc: Description) -> str:

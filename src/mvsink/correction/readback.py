@@ -22,6 +22,11 @@ foreign commit, which is how a repair restores the view's history and not only i
 (:mod:`mvsink.sink`). Each mvsink commit records the table version its replica had read back
 (``mvsink.readback``): every foreign commit up to that version is accounted for by it, in its
 history or at its lower, so no other replica repairs it again.
+
+In the table layout (:mod:`mvsink.layout`) a data file's rows are ok rows at diff +1, and the
+view's error files (listed by its newest commit, ``mvsink.errors``) count as files of the table:
+a commit that lists a new one adds its error updates. A foreign commit's undo is not read there:
+Delta's versions are the history, and a repair is the next commit.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from mvsink import storage
 from mvsink.table import file_uri, latest_version, log_actions
 from mvsink.append import META_COMMIT, META_READBACK, META_VIEW, Shard
 from mvsink.append.guard import UpperWentBackwards
+from mvsink.layout import TABLE, error_files
 from mvsink.updates import negate, normalize
 
 log = logging.getLogger(__name__)
@@ -61,16 +67,21 @@ class Persisted:
 
 
 class ReadBack:
-    def __init__(self, spark: SparkSession, shard: Shard, schema: T.StructType):
+    def __init__(self, spark: SparkSession, shard: Shard, schema: T.StructType, layout: str):
         self.spark = spark
         self.shard = shard
         self.schema = schema
+        self.layout = layout
         self.version = -1
+        #: The files of the table as last seen (data files, and the view's error files).
         self.files: set[str] = set()
+        #: Table layout: the error files in force at the version last seen.
+        self.error_files: list[str] = []
 
     def reset(self) -> None:
         self.version = -1
         self.files = set()
+        self.error_files = []
 
     def poll(self) -> Persisted:
         if latest_version(self.shard.target) is None:
@@ -82,9 +93,13 @@ class ReadBack:
         version = table.version()
         if version == self.version:
             return Persisted(version, self.shard.upper_of(table), None)
-        foreign, accounted = self._classify(version)
+        foreign, accounted, errors = self._classify(version)
         upper = self.shard.upper_of(table)
         files = set(table.get_add_actions(flatten=True).column("path").to_pylist())
+        if self.layout == TABLE:
+            self.error_files = errors if errors is not None else (
+                self.error_files if self.version >= 0 else self._error_files_at(version))
+            files |= set(self.error_files)
         added, removed = files - self.files, self.files - files
         parts = []
         if added:
@@ -106,7 +121,8 @@ class ReadBack:
             return self.spark.createDataFrame([], self.schema)
         return self._read(self.files)
 
-    def adopt(self, commit_ids: frozenset[str], added: list[str], removed: tuple[str, ...] = ()) -> bool:
+    def adopt(self, commit_ids: frozenset[str], added: list[str], removed: tuple[str, ...] = (),
+              error_files: list[str] | None = None) -> bool:
         """Take the view's own winning commit (carrying one of ``commit_ids``, adding and
         removing those files) as read back, if it is the next version after the last poll, or
         version 1 after a poll that found no table and a version 0 that added no files. False:
@@ -128,14 +144,18 @@ class ReadBack:
             return False
         self.shard.history.record(base + 1, actions)
         self.version, self.files = base + 1, (self.files - set(removed)) | set(added)
+        if error_files is not None:
+            self.files = (self.files - set(self.error_files)) | set(error_files)
+            self.error_files = list(error_files)
         return True
 
-    def _classify(self, version: int) -> tuple[dict[int, DataFrame], int]:
-        """The foreign commits after the last poll with their undos, and the latest version that
-        an mvsink commit of the view among them accounts for."""
+    def _classify(self, version: int) -> tuple[dict[int, DataFrame | None], int, list[str] | None]:
+        """The foreign commits after the last poll with their undos (None in the table layout),
+        the latest version that an mvsink commit of the view among them accounts for, and the
+        error files the newest of those lists (None: none lists any)."""
         if self.version < 0:
-            return {}, -1
-        foreign, accounted = {}, -1
+            return {}, -1, None
+        foreign, accounted, errors = {}, -1, None
         # Each version's own log entry: delta-rs' history() numbers commits newer than the loaded
         # snapshot from the snapshot's version, so its versions can be off under concurrency.
         for v in range(self.version + 1, version + 1):
@@ -146,6 +166,9 @@ class ReadBack:
             if info.get(META_VIEW) == self.shard.view_id:
                 if info.get(META_READBACK) is not None:
                     accounted = max(accounted, int(info[META_READBACK]))
+                errors = error_files(info) if error_files(info) is not None else errors
+            elif info.get("operation") not in _CONTENT_PRESERVING and self.layout == TABLE:
+                foreign[v] = None
             elif info.get("operation") not in _CONTENT_PRESERVING:
                 added = {a["add"]["path"] for a in actions if "add" in a}
                 removed = {a["remove"]["path"] for a in actions if "remove" in a}
@@ -153,7 +176,21 @@ class ReadBack:
                 undo = parts[0].unionByName(parts[1]) if len(parts) == 2 else (parts[0] if parts else None)
                 foreign[v] = (undo if undo is not None else self.spark.createDataFrame([], self.schema)
                               ).localCheckpoint(eager=True)
-        return foreign, accounted
+        return foreign, accounted, errors
+
+    def _error_files_at(self, version: int) -> list[str]:
+        """The error files the view's newest commit at or before ``version`` lists (none where
+        no commit of the view lists any, or its log entry is gone)."""
+        for v in range(version, -1, -1):
+            try:
+                actions = storage.retrying(f"reading version {v} of {self.shard.target}", log_actions,
+                                           self.shard.target, v)
+            except FileNotFoundError:
+                break
+            info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+            if info.get(META_VIEW) == self.shard.view_id and error_files(info) is not None:
+                return error_files(info)
+        return []
 
     def _read(self, paths: set[str]) -> DataFrame:
         uris = [file_uri(self.shard.target, p) for p in sorted(paths)]

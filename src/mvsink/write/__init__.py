@@ -27,7 +27,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
@@ -36,7 +38,7 @@ from pyspark.sql import types as T
 
 from mvsink import failpoints, storage
 from mvsink.mint import Description
-from mvsink.updates import TIME, consolidate
+from mvsink.updates import DIFF, ERROR, TIME, consolidate
 from mvsink.write.stats import FileStats
 
 if TYPE_CHECKING:
@@ -46,12 +48,19 @@ log = logging.getLogger(__name__)
 
 STAGED_PREFIX = "mvsink-"
 
+#: Where a table-layout view's error updates are staged: a hidden folder of the table directory,
+#: which Delta readers and VACUUM leave alone (see :mod:`mvsink.layout`).
+ERRORS_DIR = "_mv_errors"
+
 _FILE_LIST_SCHEMA = T.StructType(
     [
         T.StructField("path", T.StringType()),
         T.StructField("size", T.LongType()),
         T.StructField("num_records", T.LongType()),
         T.StructField("stats", T.StringType()),
+        T.StructField("errors", T.BooleanType()),
+        #: The updates the task was given, on its first file's row (0 on the others).
+        T.StructField("updates", T.LongType()),
     ]
 )
 
@@ -68,25 +77,37 @@ class StagedFile:
 class StagedBatch:
     desc: Description
     target: str
+    #: Data files to add.
     files: list[StagedFile] = field(default_factory=list)
     #: Each file's key report, where the staging was asked for one (see :func:`stage`).
     key_reports: list = field(default_factory=list)
+    #: Table layout only: ``(path, size)`` of the table's files the batch rewrites (they go, their
+    #: rewritten survivors are among ``files``), and the error-update files it adds.
+    removes: list[tuple[str, int]] = field(default_factory=list)
+    error_files: list[StagedFile] = field(default_factory=list)
+    #: Updates the batch writes (data rows added and removed, error updates).
+    updates: int | None = None
 
     @property
     def num_records(self) -> int:
-        return sum(f.num_records for f in self.files)
+        """The updates the batch writes (in the update layout, its files' rows)."""
+        return sum(f.num_records for f in self.files) if self.updates is None else self.updates
+
+    @property
+    def empty(self) -> bool:
+        return not (self.files or self.removes or self.error_files)
 
     def delete(self) -> None:
         """Remove the staged files (after losing the race); missing files are fine."""
         fs, root = storage.filesystem(self.target)
-        for f in self.files:
+        for f in self.files + self.error_files:
             try:
                 storage.retrying(f"deleting staged file {f.path}", _delete_if_exists, fs,
                                  storage.join(root, f.path))
             except storage.StorageUnavailable as exc:
                 # Not committed by anyone: cleanup deletes it once it is older than the grace.
                 log.warning("could not delete staged file %s, left for cleanup: %s", f.path, exc)
-        log.info("deleted %d staged files of %s", len(self.files), self.desc)
+        log.info("deleted %d staged files of %s", len(self.files) + len(self.error_files), self.desc)
 
 
 def _delete_if_exists(fs, path: str) -> None:
@@ -110,20 +131,30 @@ def batch_updates(corrections: DataFrame, desc: Description, corrections_since: 
 
 
 def stage(updates: DataFrame, desc: Description, target: str, view_id: str, replica_id: str,
-          key_ranges: KeyRanges | None = None) -> StagedBatch:
+          key_ranges: KeyRanges | None = None, plain_columns: list[str] | None = None) -> StagedBatch:
     """Write ``updates`` into ``target``'s directory, one file per non-empty Spark partition.
 
     With ``key_ranges``, each task also reports its file's key range
     (:meth:`~mvsink.key_check.KeyRanges.report_partition`), so that whether the updates' keys are
-    unique is known without reading them again (:attr:`StagedBatch.key_reports`)."""
+    unique is known without reading them again (:attr:`StagedBatch.key_reports`).
+
+    With ``plain_columns`` (the table layout; ``updates`` hold no negative diff of an ok row), a
+    task writes its ok rows as plain rows (those columns, a row repeated as often as its diff
+    says) and its error updates as they are into a file of its own under :data:`ERRORS_DIR`."""
     prefix = staged_prefix(view_id, desc, replica_id)
-    writer = _partition_writer(target, prefix, key_ranges)
+    writer = _partition_writer(target, prefix, key_ranges, plain_columns)
     schema = _FILE_LIST_SCHEMA if key_ranges is None else T.StructType(
         _FILE_LIST_SCHEMA.fields + key_ranges.schema.fields)
     started = time.monotonic()
     rows = updates.mapInArrow(writer, schema).collect()
-    batch = StagedBatch(desc, target, [StagedFile(r.path, r.size, r.num_records, r.stats) for r in rows],
-                        rows if key_ranges is not None else [])
+
+    def files(errors: bool) -> list[StagedFile]:
+        return [StagedFile(r.path, r.size, r.num_records, r.stats) for r in rows if r.errors == errors]
+
+    batch = StagedBatch(desc, target, files(False),
+                        [r for r in rows if r.n is not None] if key_ranges is not None else [],
+                        error_files=files(True),
+                        updates=sum(r.updates for r in rows) if plain_columns is not None else None)
     log.info(
         "staged %d updates in %d files for %s in %.2fs",
         batch.num_records, len(batch.files), desc, time.monotonic() - started,
@@ -132,59 +163,133 @@ def stage(updates: DataFrame, desc: Description, target: str, view_id: str, repl
     return batch
 
 
-def _partition_writer(target: str, prefix: str, key_ranges: KeyRanges | None):
+def _partition_writer(target: str, prefix: str, key_ranges: KeyRanges | None,
+                      plain_columns: list[str] | None = None):
     """The function each Spark task runs: stream its Arrow batches into one Parquet file (and
-    fold them into a key report)."""
+    fold them into a key report); in the table layout (``plain_columns``), its ok rows as plain
+    rows into one file and its error updates into another (:func:`stage`)."""
 
     def write_partition(batches):
         from pyspark import TaskContext
 
         context = TaskContext.get()
         name = f"{prefix}-{context.partitionId():05d}-{context.attemptNumber()}.parquet"
-        fs, root = storage.filesystem(target)
-        path = storage.join(root, name)
-        remote = storage.is_s3(target)
-        local_dir = tempfile.mkdtemp(prefix="mvsink-stage-") if remote else None
-        # On an object store the file is written locally first and then uploaded, so that an
-        # upload failing transiently can be tried again (the rows stream by only once).
-        out_fs, out_path = (pafs.LocalFileSystem(), os.path.join(local_dir, name)) if remote else (fs, path)
-        writer = None
-        stats = None
-        sink = None
         keys = key_ranges.report() if key_ranges is not None else None
+        given = 0
+        data = _FileWriter(target, name)
+        errors = _FileWriter(target, f"{ERRORS_DIR}/{name}") if plain_columns is not None else None
         try:
-            try:
-                for batch in batches:
-                    if batch.num_rows == 0:
-                        continue
-                    if writer is None:
-                        sink = out_fs.open_output_stream(out_path)
-                        writer = pq.ParquetWriter(sink, batch.schema, compression="snappy")
-                        stats = FileStats(batch.schema)
-                    writer.write_batch(batch)
-                    stats.add(batch)
-                    if keys is not None:
-                        keys.add(batch)
-            finally:
-                if writer is not None:
-                    writer.close()
-                    sink.close()
-            if writer is not None:
-                if remote:
-                    size = os.path.getsize(out_path)
-                    storage.retrying(f"uploading staged file {name}", _upload, out_path, fs, path)
-                else:
-                    size = fs.get_file_info(path).size
-        finally:
-            if local_dir is not None:
-                shutil.rmtree(local_dir, ignore_errors=True)
-        if writer is not None:
-            row = {"path": pa.array([name]), "size": pa.array([size], pa.int64()),
-                   "num_records": pa.array([stats.num_records], pa.int64()),
-                   "stats": pa.array([stats.to_json()])}
-            yield pa.RecordBatch.from_pydict({**row, **(keys.values() if keys is not None else {})})
+            for batch in batches:
+                if batch.num_rows == 0:
+                    continue
+                given += batch.num_rows
+                if keys is not None:
+                    keys.add(batch)
+                if errors is None:
+                    data.write(batch)
+                    continue
+                ok = pc.is_null(batch.column(ERROR))
+                errors.write(batch.filter(pc.invert(ok)))
+                data.write(plain_rows(batch.filter(ok), plain_columns))
+            files = [(data.close(), False)] + ([(errors.close(), True)] if errors is not None else [])
+        except BaseException:
+            data.abort()
+            if errors is not None:
+                errors.abort()
+            raise
+        report = keys.values() if keys is not None and keys.rows else None
+        for row, is_errors in files:
+            if row is None:
+                continue
+            row = {**row, "errors": pa.array([is_errors]), "updates": pa.array([given], pa.int64())}
+            given = 0
+            if report is not None:
+                row, report = {**row, **report}, None
+            elif keys is not None:
+                row = {**row, **{f.name: pa.nulls(1) for f in key_ranges.schema.fields}}
+            yield pa.RecordBatch.from_pydict(row)
 
     return write_partition
+
+
+def plain_rows(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
+    """Ok updates (positive diffs) as the table layout stores them: ``columns`` only, each row
+    repeated as often as its diff says."""
+    diffs = batch.column(DIFF).to_numpy(zero_copy_only=False)
+    if (diffs < 1).any():
+        raise ValueError("a plain row cannot hold a negative or zero diff")
+    rows = batch.select(columns)
+    if (diffs == 1).all():
+        return rows
+    return rows.take(pa.array(np.repeat(np.arange(len(diffs)), diffs)))
+
+
+class _FileWriter:
+    """One staged Parquet file with its Delta statistics, opened by its first non-empty batch.
+
+    On an object store the file is written locally first and then uploaded, so that an upload
+    failing transiently can be tried again (the rows stream by only once)."""
+
+    def __init__(self, target: str, name: str):
+        self.target, self.name = target, name
+        self.remote = storage.is_s3(target)
+        self.writer = self.sink = self.stats = self.local_dir = None
+
+    def _open(self, schema: pa.Schema) -> None:
+        fs, root = storage.filesystem(self.target)
+        if self.remote:
+            self.local_dir = tempfile.mkdtemp(prefix="mvsink-stage-")
+            out_fs, out_path = pafs.LocalFileSystem(), os.path.join(self.local_dir, os.path.basename(self.name))
+        else:
+            out_fs, out_path = fs, storage.join(root, self.name)
+            if "/" in self.name:
+                fs.create_dir(storage.join(root, self.name.rsplit("/", 1)[0]), recursive=True)
+        self.sink = out_fs.open_output_stream(out_path)
+        self.writer = pq.ParquetWriter(self.sink, schema, compression="snappy")
+        self.stats = FileStats(schema)
+        self.out_path = out_path
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        if self.writer is None:
+            self._open(batch.schema)
+        self.writer.write_batch(batch)
+        self.stats.add(batch)
+
+    def close(self) -> dict | None:
+        """Finish the file (upload it, on an object store); its file-list row, None if empty."""
+        if self.writer is None:
+            return None
+        try:
+            self.writer.close()
+            self.sink.close()
+            fs, root = storage.filesystem(self.target)
+            path = storage.join(root, self.name)
+            if self.remote:
+                size = os.path.getsize(self.out_path)
+                storage.retrying(f"uploading staged file {self.name}", _upload, self.out_path, fs, path)
+            else:
+                size = fs.get_file_info(path).size
+        finally:
+            self._remove_local()
+        return {"path": pa.array([self.name]), "size": pa.array([size], pa.int64()),
+                "num_records": pa.array([self.stats.num_records], pa.int64()),
+                "stats": pa.array([self.stats.to_json()])}
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            try:
+                self.writer.close()
+                self.sink.close()
+            except Exception:
+                pass
+        self._remove_local()
+
+    def _remove_local(self) -> None:
+        if self.local_dir is not None:
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+            self.local_dir = None
 
 
 def _upload(local_path: str, fs, path: str) -> None:
