@@ -700,3 +700,50 @@ def random_commit(spark, src: str, rng, update: Callable[[], str], delete: Calla
         insert(spark, src, inserts())
     else:
         spark.sql(update() if kind == "update" else delete())
+
+
+def duckdb_with_delta():
+    """DuckDB with the delta extension of the duckdb-ext-delta package (no download)."""
+    import duckdb
+    import duckdb_ext
+
+    extensions = Path(list(duckdb_ext.__path__)[0]) / "extensions"
+    con = duckdb.connect(config={"extension_directory": str(extensions), "autoinstall_known_extensions": False})
+    con.execute("LOAD delta")
+    return con
+
+
+def read_plainly_at_every_time(spark, target: str, view_id: str, columns: list[str], expected,
+                               since: int = 0) -> tuple[int, int]:
+    """Every time in `[since, upper)` of a table-layout view, read at the version that holds it
+    (:func:`mvsink.read.version_of_time`) by three readers that know nothing of mvsink (DuckDB
+    attached at that version, delta-rs, Spark's time travel), each equal to ``expected(t)``.
+    Times whose version also holds a foreign commit are skipped. Returns (times read, versions
+    read)."""
+    from collections import Counter
+
+    from deltalake import DeltaTable
+    from mvsink.read import NotReadable, version_of_time, view_upper
+
+    con = duckdb_with_delta()
+    rows_at: dict[int, Counter] = {}
+    times = 0
+    for t in range(since, view_upper(target, view_id)):
+        try:
+            version = version_of_time(target, view_id, t)
+        except NotReadable as exc:
+            assert "foreign commit" in str(exc), exc
+            continue
+        if version not in rows_at:
+            con.execute(f"ATTACH '{target}' AS v{version} (TYPE delta, VERSION {version})")
+            selected = ", ".join(f'"{c}"' for c in columns)
+            by_duckdb = Counter(con.sql(f"SELECT {selected} FROM v{version}").fetchall())
+            data = DeltaTable(target, version=version).to_pyarrow_table(columns=columns)
+            by_delta_rs = Counter(zip(*(data.column(c).to_pylist() for c in columns)))
+            by_spark = Counter(tuple(r) for r in spark.read.format("delta").option("versionAsOf", version)
+                               .load(target).select(*columns).collect())
+            assert by_duckdb == by_delta_rs == by_spark, f"readers disagree at version {version}"
+            rows_at[version] = by_spark
+        assert rows_at[version] == expected(t), f"time {t} at version {version}"
+        times += 1
+    return times, len(rows_at)

@@ -1,38 +1,63 @@
-"""Readers that know nothing of mvsink (DuckDB's delta_scan, plain Spark SQL) see the view's rows
-with the SQL :func:`mvsink.read.plain_sql` prints: at the latest time and at every retained time,
-equal to an independent computation from the source, after every committed version."""
+"""Readers that know nothing of mvsink see the view's rows: in the table layout (the default) the
+table itself, at its latest version (DuckDB's delta_scan, delta-rs, plain Spark) and, by time
+travel, at the version that holds each time; in the update layout with the SQL
+:func:`mvsink.read.plain_sql` prints. Each equal to an independent computation from the source,
+after every committed version."""
 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
-import duckdb
 import pytest
 
-from helpers import create_source, insert
+from deltalake import DeltaTable
+
+from helpers import create_source, duckdb_with_delta, insert, read_plainly_at_every_time
 from mvsink import ChangesInput, MaterializedView, ViewDefinition
 from mvsink.check import expected_from_source
-from mvsink.read import plain_sql, view_since, view_upper
+from mvsink.read import plain_sql, version_of_time, view_since, view_upper
 
 
-def _duckdb():
-    """DuckDB with the delta extension of the duckdb-ext-delta package (no download)."""
-    import duckdb_ext
-
-    extensions = Path(list(duckdb_ext.__path__)[0]) / "extensions"
-    con = duckdb.connect(config={"extension_directory": str(extensions), "autoinstall_known_extensions": False})
-    con.execute("LOAD delta")
-    return con
-
-
-def test_duckdb_and_plain_spark_sql_read_the_view_at_every_version_and_time(spark, tmp_path):
+def test_any_delta_reader_reads_the_table_as_the_view_at_every_version(spark, tmp_path):
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(i, f"v{i}") for i in range(6)])
     view = ViewDefinition("plain", tgt, ChangesInput(src), key=("id",), replica_id="r1")
     mv = MaterializedView(spark, view)
     expected = expected_from_source(src, ["id", "v"], timeline=view.timeline)
-    con = _duckdb()
+    con = duckdb_with_delta()
+    edits = [
+        lambda: insert(spark, src, [(10, "x"), (11, None), (11, None)]),
+        lambda: spark.sql(f"UPDATE delta.`{src}` SET v = concat(v, '!') WHERE id % 2 = 0"),
+        lambda: spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 3 OR id = 11"),
+        lambda: insert(spark, tgt, [(99, "garbage"), (1, "v1")]),  # a foreign write, repaired
+        lambda: spark.sql(f"DELETE FROM delta.`{tgt}` WHERE id < 3"),  # foreign again
+        lambda: insert(spark, src, [(3, "back")]),
+    ]
+    for edit in [lambda: None] + edits:
+        edit()
+        mv.run_until_caught_up()
+        now = expected(view_upper(tgt, "plain") - 1)
+        assert Counter(con.sql(f"SELECT * FROM delta_scan('{tgt}')").fetchall()) == now
+        latest = DeltaTable(tgt).to_pyarrow_table()
+        assert latest.column_names == ["id", "v"], "the view's columns only"
+        assert Counter(zip(latest.column("id").to_pylist(), latest.column("v").to_pylist())) == now
+        assert Counter(tuple(r) for r in spark.sql(f"SELECT * FROM delta.`{tgt}`").collect()) == now
+        assert Counter(con.sql(plain_sql(tgt)).fetchall()) == now, "plain_sql is a plain SELECT"
+    times, versions = read_plainly_at_every_time(spark, tgt, "plain", ["id", "v"], expected)
+    assert times == view_upper(tgt, "plain"), "every time, the repair times of the foreign writes included"
+    assert versions >= len(edits)
+    with pytest.raises(ValueError, match="time travel"):
+        plain_sql(tgt, time=1)
+    assert version_of_time(tgt, "plain", 0) == 1
+
+
+def test_duckdb_and_plain_spark_sql_read_the_update_layout_at_every_version_and_time(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(i, f"v{i}") for i in range(6)])
+    view = ViewDefinition("plain", tgt, ChangesInput(src), key=("id",), replica_id="r1", layout="updates")
+    mv = MaterializedView(spark, view)
+    expected = expected_from_source(src, ["id", "v"], timeline=view.timeline)
+    con = duckdb_with_delta()
     edits = [
         lambda: insert(spark, src, [(10, "x"), (11, None)]),
         lambda: spark.sql(f"UPDATE delta.`{src}` SET v = concat(v, '!') WHERE id % 2 = 0"),
@@ -56,7 +81,8 @@ def test_duckdb_and_plain_spark_sql_read_the_view_at_every_version_and_time(spar
 def test_plain_sql_refuses_an_unknown_dialect_and_trino_without_a_table(spark, tmp_path):
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a")])
-    MaterializedView(spark, ViewDefinition("p", tgt, ChangesInput(src), replica_id="r1")).run_until_caught_up()
+    MaterializedView(spark, ViewDefinition("p", tgt, ChangesInput(src), replica_id="r1",
+                                           layout="updates")).run_until_caught_up()
     with pytest.raises(ValueError, match="dialect must be one of"):
         plain_sql(tgt, dialect="oracle")
     with pytest.raises(ValueError, match="needs table"):

@@ -26,7 +26,7 @@ from deltalake import DeltaTable
 
 from mvsink import storage
 from mvsink.layout import TABLE, error_files, layout_of
-from mvsink.table import latest_version
+from mvsink.table import CONTENT_PRESERVING, commit_info, latest_version
 from mvsink.timeline import APP_ID as TIMELINE_APP_ID
 from mvsink.timeline import SOURCES_PROPERTY
 from mvsink.updates import DIFF, ERROR, TIME
@@ -187,20 +187,17 @@ def check_table(target: str, view_id: str, columns: list[str], expected: Callabl
     return result
 
 
-_CONTENT_PRESERVING = {"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "CHECKPOINT"}
-
 
 def _check_rows(target: str, view_id: str, columns: list[str], expected: Callable[[int], Counter],
                 as_of: int, from_version: int) -> CheckResult:
     """:func:`check_table` for a target in the table layout (see the module doc)."""
     result = CheckResult(commits=_mvsink_commits(target, view_id))
     _check_contiguous(result)
-    infos = {int(i["version"]): i for i in table_at(target).history()}
     foreign: list[int] = []
     for version in range(0, table_at(target).version() + 1):
-        info = infos.get(version, {})
+        info = commit_info(target, version)
         if info.get("mvsink.view") != view_id:
-            if version > 0 and info.get("operation") not in _CONTENT_PRESERVING:
+            if info.get("operation") not in CONTENT_PRESERVING:
                 foreign.append(version)
                 if version >= from_version:
                     result.foreign_versions.append(version)

@@ -7,6 +7,9 @@ adds them). This removes mvsink-staged files of the view that
 * no commit in the log adds (neither the current snapshot nor any retained commit), and
 * are older than a grace period, so that files another replica is staging right now are spared.
 
+A table-layout view's error files (``_mv_errors/``) count as referenced while a commit's info in
+the log lists them.
+
 Never a file that a commit references: the referenced set is read after listing the directory,
 so a file committed in between is seen as referenced.
 
@@ -25,7 +28,8 @@ from pyarrow.fs import FileSelector, FileType
 
 from mvsink import storage
 from mvsink.append import Shard
-from mvsink.write import STAGED_PREFIX
+from mvsink.layout import error_files
+from mvsink.write import ERRORS_DIR, STAGED_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,8 @@ def _referenced_files(shard: Shard) -> set[str]:
                 for kind in ("add", "remove"):
                     if kind in action:
                         files.add(action[kind]["path"])
+                if "commitInfo" in action:
+                    files.update(error_files(action["commitInfo"]) or [])
     return files
 
 
@@ -66,18 +72,22 @@ def _clean_orphans(shard: Shard, grace_seconds: float) -> int:
     prefix = f"{STAGED_PREFIX}{shard.view_id}-"
     try:
         infos = storage.retrying(f"listing {shard.target}", fs.get_file_info, FileSelector(root))
+        infos = [(i, i.base_name) for i in infos]
+        errors = storage.retrying(f"listing {shard.target}", fs.get_file_info,
+                                  FileSelector(storage.join(root, ERRORS_DIR), allow_not_found=True))
+        infos += [(i, f"{ERRORS_DIR}/{i.base_name}") for i in errors]
     except FileNotFoundError:
         return 0
     now = time.time()
     candidates = [
-        i for i in infos
+        (i, path) for i, path in infos
         if i.type == FileType.File and i.base_name.startswith(prefix)
         and i.mtime is not None and now - i.mtime.timestamp() > grace_seconds
     ]
     if not candidates:
         return 0
     referenced = referenced_files(shard)
-    orphans = [i for i in candidates if i.base_name not in referenced]
+    orphans = [i for i, path in candidates if path not in referenced]
     for info in orphans:
         try:
             storage.retrying(f"deleting orphan {info.base_name}", fs.delete_file, info.path)

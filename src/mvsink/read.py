@@ -22,7 +22,7 @@ from mvsink import storage
 from mvsink.append import (META_LOWER, META_READBACK, META_REASON, META_SINCE, META_UPPER, META_VIEW,
                            REASON_ADVANCE_UPPER, REASON_COMPACTION, Shard)
 from mvsink.layout import TABLE, error_files, layout_of
-from mvsink.table import file_uri, latest_version, spark_uri
+from mvsink.table import CONTENT_PRESERVING, commit_info, file_uri, latest_version, spark_uri
 from mvsink.updates import CLOSED, DIFF, ERROR, RESERVED, TIME, contents_at, normalize
 
 
@@ -93,8 +93,6 @@ def updates(spark: SparkSession, target: str, version: int | None = None) -> Dat
     return normalize(table, table.schema)
 
 
-#: Foreign operations that never change a table's contents.
-_CONTENT_PRESERVING = {"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "CHECKPOINT"}
 #: Why a commit of the view was made, for the commits whose version holds the view's times.
 _HOLDS_TIMES = {"correction", "repair", "progress", REASON_COMPACTION}
 
@@ -116,27 +114,35 @@ def _holding(target: str, view_id: str, time: int) -> tuple[int, dict]:
     upper = shard.upper_of(table)
     if not time < upper:
         raise NotReadable(f"view {view_id!r} is readable at times below its upper {upper}, not at {time}")
-    foreign: list[int] = []
-    for info in newest_first(table):
-        version = int(info["version"])
-        if info.get(META_VIEW) != view_id:
-            if info.get("operation") not in _CONTENT_PRESERVING:
-                foreign.append(version)
+    for version in range(table.version(), -1, -1):
+        info = _commit_info(target, version)
+        if info is None:
+            break
+        if info.get(META_VIEW) != view_id or info.get(META_REASON) not in _HOLDS_TIMES - {REASON_COMPACTION}:
+            continue  # a compaction holds the rows of the commit it rearranged: take that one
+        if int(info[META_UPPER]) <= time:
+            break
+        if not int(info[META_LOWER]) <= time:
             continue
-        if info.get(META_REASON) not in _HOLDS_TIMES or not int(info[META_LOWER]) <= time < int(info[META_UPPER]):
-            if int(info[META_UPPER]) <= time:
-                break
-            continue
-        if info.get(META_REASON) == REASON_COMPACTION:
-            continue  # the same rows as the commit it rearranged: take that one
-        unread = [v for v in foreign if int(info.get(META_READBACK, -1)) < v < version]
+        unread = [v for v in range(int(info.get(META_READBACK, -1)) + 1, version)
+                  if (other := _commit_info(target, v)) is not None and other.get(META_VIEW) != view_id
+                  and other.get("operation") not in CONTENT_PRESERVING]
         if unread:
             raise NotReadable(f"view {view_id!r} at time {time}: its version {version} also holds the foreign "
-                              f"commit(s) {sorted(unread)} it had not read; the view is right again from "
+                              f"commit(s) {unread} it had not read; the view is right again from "
                               "the repair after them on")
         return version, info
     raise NotReadable(f"view {view_id!r}: no version of {target} holds time {time} (before the view's "
                       "first write, or its commit is no longer in the log)")
+
+
+def _commit_info(target: str, version: int) -> dict | None:
+    """The commit info of ``version`` from its own log entry (None if the entry is gone): not
+    delta-rs' history(), which numbers commits newer than its snapshot from the snapshot's version."""
+    try:
+        return storage.retrying(f"reading version {version} of {target}", commit_info, target, version)
+    except FileNotFoundError:
+        return None
 
 
 def _read_table_layout(spark: SparkSession, target: str, view_id: str, time: int | None,

@@ -564,7 +564,7 @@ class MaterializedView:
             # Own files need no read-back when nothing landed in between (the buffer knows them).
             exact = self.correction.since >= desc.lower  # the batch is the buffer's updates as they are
             adopted = not self.pending_repairs and self.readback.adopt(
-                result.commit_ids, [f.path for f in batch.files + batch.error_files],
+                result.commit_ids, [f.path for f in batch.files],
                 tuple(path for path, _ in batch.removes), error_files)
             if adopted:
                 self.correction.drop_written(desc.upper, batch.num_records if exact else None)

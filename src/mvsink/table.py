@@ -17,6 +17,10 @@ from mvsink import storage
 
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
 
+#: Operations of foreign writers that never change a table's contents.
+CONTENT_PRESERVING = frozenset({"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "CHECKPOINT",
+                                "CREATE TABLE"})
+
 
 def latest_version(table_uri: str) -> int | None:
     """The newest committed version of the Delta table at ``table_uri``; None if there is none."""

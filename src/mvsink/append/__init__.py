@@ -24,8 +24,11 @@ Outcomes:
   snapshot no longer holds (a foreign commit removed them): the batch was computed against
   another table, so its files are deleted and it is reported *stale*; the read-back then brings
   the foreign commit in and the next batch is computed against it. The files are checked in the
-  snapshot the commit is based on, and delta-rs fails a commit whose removed files a concurrent
-  commit removed too, so no rewrite of a changed file lands.
+  snapshot the commit is based on; delta-rs does not fail an append whose removed files a
+  concurrent commit removed too, so a foreign rewrite landing between that check and the commit
+  slips through, like any foreign commit landing after the read-back: that version holds the
+  foreign change too, is no version of the view (:func:`mvsink.read.version_of_time`), and the
+  read-back finds the drift for the next commit to repair.
 
 Every commit records in its commit info: view, replica, lower, upper, why it was made, which
 foreign commits it repairs, and a unique id of the commit attempt (``mvsink.commit``).
@@ -212,7 +215,7 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
     """Commit ``batch`` (None: no data, only progress) as `[lower, upper)`; see the module doc.
 
     ``extra`` is more commit info (``mvsink.*`` keys) for the commit of ``batch``."""
-    files = (batch.files + batch.error_files) if batch else []
+    files = batch.files if batch else []  # error files are listed by the commit info, not added
     removes = batch.removes if batch else []
     foreign_conflicts = 0
     transient_failures = 0
@@ -236,7 +239,7 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
                 continue
             if current > desc.lower:
                 break
-            if removes and not _holds(table, removes):
+            if removes and not holds(table, removes):
                 log.info("%s is stale: files it rewrites were removed meanwhile", desc)
                 batch.delete()
                 return AppendResult(False, current, stale=True)
@@ -284,7 +287,7 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
     return AppendResult(False, current)
 
 
-def _holds(table: DeltaTable, files: list[tuple[str, int]]) -> bool:
+def holds(table: DeltaTable, files: list[tuple[str, int]]) -> bool:
     """Whether ``table``'s snapshot holds every one of ``files``."""
     present = set(table.get_add_actions(flatten=True).column("path").to_pylist())
     return all(path in present for path, _ in files)

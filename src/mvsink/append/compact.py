@@ -28,28 +28,38 @@ Invariants:
   sum to the same diff and differ only at times up to `c` < upper, so they cancel once advanced to
   the persist frontier (at least the upper).
 
+In the table layout (:mod:`mvsink.layout`) there is no since to move: the table holds the view's
+rows, and its history is Delta's versions. :func:`compact_files` rewrites the data files smaller
+than :data:`SMALL_FILE_BYTES` into about one file per :data:`_FILE_BYTES` (the same rows, every
+action ``dataChange = false``) and folds the view's error files into one (the same consolidated
+errors), through the same commit path and checks.
+
 A failure other than a conflict propagates; staged files it leaves behind carry the ``mvsink-``
 prefix of :mod:`mvsink.write`, so :mod:`mvsink.cleanup` removes them unless a commit took them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import uuid
+from functools import reduce
 from dataclasses import dataclass
 
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.append import REASON_COMPACTION, Shard
+from mvsink.append import REASON_COMPACTION, Shard, holds
+from mvsink.layout import META_ERRORS
 from mvsink.table import file_uri, latest_version
 from mvsink.mint import Description
 from mvsink.read import since_of
-from mvsink.updates import TIME, advance_times, consolidate, normalize
+from mvsink.updates import DIFF, ERROR, RESERVED, TIME, advance_times, consolidate, normalize
 from mvsink.write import StagedBatch, stage
 
 log = logging.getLogger(__name__)
@@ -57,6 +67,8 @@ log = logging.getLogger(__name__)
 _MAX_ATTEMPTS = 10
 #: Rewritten updates go into about one file per this many bytes of files removed.
 _FILE_BYTES = 128 << 20
+#: Table layout: data files below this size are rewritten together.
+SMALL_FILE_BYTES = 32 << 20
 
 
 class CompactionError(RuntimeError):
@@ -75,6 +87,8 @@ class CompactionResult:
     commit_id: str | None = None
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
+    #: Table layout: the error files the commit lists (None: the update layout).
+    error_files: list[str] | None = None
 
 
 def compact(spark: SparkSession, shard: Shard, schema: T.StructType, since: int) -> CompactionResult:
@@ -117,12 +131,57 @@ def compact(spark: SparkSession, shard: Shard, schema: T.StructType, since: int)
                           f"conflicted {_MAX_ATTEMPTS} times")
 
 
+def compact_files(spark: SparkSession, shard: Shard, schema: T.StructType, error_files: list[str]) -> CompactionResult:
+    """Table layout: the small data files rewritten into fewer, the error files ``error_files``
+    (the view's, as its read-back last saw them) folded into one; see the module doc."""
+    columns = [f.name for f in schema.fields if f.name not in RESERVED]
+    for attempt in range(1, _MAX_ATTEMPTS + 1):
+        table = shard.table()
+        upper = shard.upper_of(table)
+        actions = pa.table(table.get_add_actions(flatten=True)).select(["path", "size_bytes"]).to_pylist()
+        small = [(a["path"], a["size_bytes"]) for a in actions if a["size_bytes"] < SMALL_FILE_BYTES]
+        if len(small) < 2:
+            small = []
+        if not small and len(error_files) <= 1:
+            return CompactionResult(0, None, 0, 0)
+        parts = []
+        if small:
+            rows = spark.read.schema(T.StructType([f for f in schema.fields if f.name in columns])).parquet(
+                *[file_uri(shard.target, path) for path, _ in small])
+            partitions = max(1, math.ceil(sum(size for _, size in small) / _FILE_BYTES))
+            parts.append(rows.coalesce(partitions).select(
+                *columns, F.lit(None).cast("string").alias(ERROR), F.lit(upper).cast("long").alias(TIME),
+                F.lit(1).cast("long").alias(DIFF)))
+        if error_files:
+            errors = normalize(spark.read.schema(schema).parquet(*[file_uri(shard.target, p) for p in error_files]),
+                               schema)
+            parts.append(consolidate(advance_times(errors, upper)).coalesce(1))
+        batch = stage(reduce(DataFrame.unionByName, parts), Description(upper, upper + 1), shard.target,
+                      shard.view_id, shard.replica_id, plain_columns=columns)
+        if not _still_present(shard, small):
+            _discard(shard, batch, f"files to compact were removed meanwhile (attempt {attempt})")
+            continue
+        commit_id = uuid.uuid4().hex
+        folded = [f.path for f in batch.error_files]
+        try:
+            shard.commit(table, upper, upper, REASON_COMPACTION, batch.files, commit_id=commit_id, removes=small,
+                         data_change=False, extra={META_ERRORS: json.dumps(folded)})
+        except CommitFailedError as exc:
+            if shard.landed(shard.table(), table.version(), {commit_id}) is None:
+                _discard(shard, batch, f"the commit conflicted (attempt {attempt}): {exc}")
+                continue
+        version = shard.landed(shard.table(), table.version(), {commit_id})
+        log.info("compacted the files of view %s at version %s: -%d +%d files, %d error files folded into %d",
+                 shard.view_id, version, len(small), len(batch.files), len(error_files), len(folded))
+        return CompactionResult(0, version, len(small), len(batch.files), commit_id,
+                                tuple(f.path for f in batch.files), tuple(path for path, _ in small), folded)
+    raise CompactionError(f"compaction of the files of view {shard.view_id!r} in {shard.target} "
+                          f"conflicted {_MAX_ATTEMPTS} times")
+
+
 def _still_present(shard: Shard, files: list[tuple[str, int]]) -> bool:
     """Whether the latest snapshot still holds all of ``files``."""
-    if not files:
-        return True
-    present = set(shard.table().get_add_actions(flatten=True).column("path").to_pylist())
-    return all(path in present for path, _ in files)
+    return not files or holds(shard.table(), files)
 
 
 def _discard(shard: Shard, batch: StagedBatch | None, why: str) -> None:

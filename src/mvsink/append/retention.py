@@ -1,6 +1,9 @@
 """Retention: how much of a view's history its table keeps, and the upkeep that holds it there.
 
-A view declares ``retain_history``: a duration (``90s``, ``30m``, ``1h``, ``7d``), a number of
+In the table layout (:mod:`mvsink.layout`) the table's history is Delta's own versions, kept as
+Delta's log and ``VACUUM`` retention keep them; there the compaction rewrites small files into
+fewer (:func:`~mvsink.append.compact.compact_files`) and ``retain_history`` gives up nothing.
+In the update layout a view declares ``retain_history``: a duration (``90s``, ``30m``, ``1h``, ``7d``), a number of
 times (``100``), or ``all``. Default: :data:`DEFAULT`. From it a writing replica derives the since
 it may compact to:
 
@@ -30,7 +33,8 @@ from dataclasses import dataclass
 from deltalake import DeltaTable
 
 from mvsink import storage
-from mvsink.append.compact import compact
+from mvsink.append.compact import compact, compact_files
+from mvsink.layout import TABLE
 from mvsink.view import ConfigError
 
 log = logging.getLogger(__name__)
@@ -113,16 +117,19 @@ class Upkeep:
             self.files_after_compaction = files
         if files < self.files_after_compaction + COMPACT_AFTER_FILES:
             return
-        upper = view.shard.upper_of(table)
-        since = self.retention.since(upper, view.view.as_of, view.timeline)
-        result = compact(view.spark, view.shard, view.schema, since)
+        if view.layout == TABLE:
+            result = compact_files(view.spark, view.shard, view.schema, view.readback.error_files)
+        else:
+            upper = view.shard.upper_of(table)
+            since = self.retention.since(upper, view.view.as_of, view.timeline)
+            result = compact(view.spark, view.shard, view.schema, since)
         self.files_after_compaction = len(view.shard.table().file_uris())
         if result.version is not None:
-            view.readback.adopt(frozenset({result.commit_id}), result.added, result.removed)
+            view.readback.adopt(frozenset({result.commit_id}), result.added, result.removed, result.error_files)
             self.compactions += 1
-            log.info("view %s compacted to since %d (retain_history): -%d +%d files, %d files now",
-                     view.view.view_id, result.since, result.files_removed, result.files_added,
-                     self.files_after_compaction)
+            log.info("view %s compacted (%s): -%d +%d files, %d files now", view.view.view_id,
+                     "small files" if view.layout == TABLE else f"to since {result.since}, retain_history",
+                     result.files_removed, result.files_added, self.files_after_compaction)
 
     def _checkpoint(self, path: str) -> None:
         table = DeltaTable(storage.delta_uri(path), storage_options=storage.storage_options(path))

@@ -38,16 +38,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from mvsink import storage
-from mvsink.table import file_uri, latest_version, log_actions
+from mvsink.table import CONTENT_PRESERVING, file_uri, latest_version, log_actions
 from mvsink.append import META_COMMIT, META_READBACK, META_VIEW, Shard
 from mvsink.append.guard import UpperWentBackwards
 from mvsink.layout import TABLE, error_files
 from mvsink.updates import negate, normalize
 
 log = logging.getLogger(__name__)
-
-#: Foreign operations that never change a table's contents.
-_CONTENT_PRESERVING = {"OPTIMIZE", "VACUUM START", "VACUUM END", "SET TBLPROPERTIES", "CHECKPOINT"}
 
 
 class ReadBackError(RuntimeError):
@@ -167,9 +164,9 @@ class ReadBack:
                 if info.get(META_READBACK) is not None:
                     accounted = max(accounted, int(info[META_READBACK]))
                 errors = error_files(info) if error_files(info) is not None else errors
-            elif info.get("operation") not in _CONTENT_PRESERVING and self.layout == TABLE:
+            elif info.get("operation") not in CONTENT_PRESERVING and self.layout == TABLE:
                 foreign[v] = None
-            elif info.get("operation") not in _CONTENT_PRESERVING:
+            elif info.get("operation") not in CONTENT_PRESERVING:
                 added = {a["add"]["path"] for a in actions if "add" in a}
                 removed = {a["remove"]["path"] for a in actions if "remove" in a}
                 parts = ([negate(self._read(added))] if added else []) + ([self._read(removed)] if removed else [])

@@ -1,0 +1,222 @@
+"""The table layout (the default): the target holds the view's rows; retractions rewrite only the
+files that hold them; a batch computed against files that changed never lands; a version never
+spans a time at which the view changes; error updates stay out of the rows; small files are
+compacted; a layout is fixed with its table."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+import mvsink.append as append_module
+import mvsink.write as write_module
+from helpers import create_source, insert, log_history
+from mvsink import (ChangesInput, ConfigError, MaterializedView, SnapshotInput, ViewDefinition, ViewInError,
+                    read_view, view_errors)
+from mvsink.append import retention
+from mvsink.check import check_table, expected_from_source
+from mvsink.read import NotReadable, version_of_time
+from mvsink.table import latest_version, log_actions
+
+
+def _rows(target: str, version: int | None = None) -> Counter:
+    table = DeltaTable(target, version=version).to_pyarrow_table()
+    return Counter(zip(*(table.column(c).to_pylist() for c in table.column_names)))
+
+
+def test_a_retraction_rewrites_only_the_files_that_hold_its_rows(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(i, f"v{i}") for i in range(200)])
+    view = ViewDefinition("keyed", tgt, ChangesInput(src), key=("id",), replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()
+    insert(spark, src, [(i, f"n{i}") for i in range(1000, 1010)])  # a file of keys 1000..1009
+    mv.run_until_caught_up()
+    files_before = len(DeltaTable(tgt).file_uris())
+    spark.sql(f"UPDATE delta.`{src}` SET v = 'changed' WHERE id = 1005")
+    mv.run_until_caught_up()
+    removed = [a for a in log_actions(tgt, latest_version(tgt)) if "remove" in a]
+    assert len(removed) == 1, "only the file holding key 1005 is rewritten"
+    assert len(DeltaTable(tgt).file_uris()) == files_before + 1  # its survivors, and the new row
+    spark.sql(f"DELETE FROM delta.`{src}` WHERE id < 100 OR id = 1000")
+    mv.run_until_caught_up()
+    result = check_table(tgt, "keyed", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=view.timeline))
+    assert result.ok, result.problems
+    assert _rows(tgt)[(1005, "changed")] == 1 and sum(_rows(tgt).values()) == 109
+
+
+def test_duplicate_rows_are_retracted_copy_by_copy(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a"), (1, "a"), (1, "a"), (2, None), (2, None)])
+    view = ViewDefinition("bag", tgt, SnapshotInput(sql="SELECT id, v FROM src"), sources={"src": src},
+                          replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()
+    insert(spark, src, [(1, "a")])
+    mv.run_until_caught_up()
+    spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 1")
+    insert(spark, src, [(1, "a"), (3, "c")])
+    mv.run_until_caught_up()
+    assert _rows(tgt) == Counter({(1, "a"): 1, (2, None): 2, (3, "c"): 1})
+    result = check_table(tgt, "bag", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=view.timeline))
+    assert result.ok, result.problems
+
+
+def test_a_batch_whose_files_were_deleted_meanwhile_is_stale_and_never_lands(spark, tmp_path, monkeypatch):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a"), (2, "b")])
+    view = ViewDefinition("stale", tgt, ChangesInput(src), key=("id",), replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()
+    spark.sql(f"UPDATE delta.`{src}` SET v = 'bb' WHERE id = 2")
+    hit = write_module.failpoints.hit
+    foreign = []
+
+    def foreign_delete_first(name):
+        if name == "after-stage" and not foreign:
+            spark.sql(f"DELETE FROM delta.`{tgt}` WHERE id = 2")  # removes the file the batch rewrites
+            foreign.append(latest_version(tgt))
+        hit(name)
+
+    monkeypatch.setattr(write_module.failpoints, "hit", foreign_delete_first)
+    # The foreign DELETE lands after the batch was staged against the read-back's files.
+    report = mv.step()
+    while report.desc is None:
+        report = mv.step()
+    monkeypatch.undo()
+    assert foreign and report.appended is False
+    assert latest_version(tgt) == foreign[0], "nothing landed on the foreign DELETE"
+    mv.run_until_caught_up()
+    assert _rows(tgt) == Counter({(1, "a"): 1, (2, "bb"): 1})
+    result = check_table(tgt, "stale", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=view.timeline))
+    assert result.ok and result.foreign_versions == [foreign[0]], result.problems
+
+
+def test_a_commit_on_an_unread_foreign_commit_is_not_a_version_of_the_view(spark, tmp_path, monkeypatch):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a")])
+    view = ViewDefinition("race", tgt, ChangesInput(src), key=("id",), replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()
+    insert(spark, src, [(2, "b")])
+    hit = append_module.failpoints.hit
+    landed = []
+
+    def foreign_append_first(name):
+        if name == "before-commit" and not landed:
+            write_deltalake(tgt, pa.table({"id": [99], "v": ["bogus"]}), mode="append")
+            landed.append(latest_version(tgt))
+        hit(name)
+
+    monkeypatch.setattr(append_module.failpoints, "hit", foreign_append_first)
+    report = mv.step()
+    monkeypatch.undo()
+    assert landed and report.appended
+    damaged = latest_version(tgt)
+    with pytest.raises(NotReadable, match=f"foreign commit.*{landed[0]}"):
+        version_of_time(tgt, "race", report.desc.upper - 1)
+    mv.run_until_caught_up()
+    assert _rows(tgt) == Counter({(1, "a"): 1, (2, "b"): 1})
+    result = check_table(tgt, "race", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=view.timeline))
+    assert result.ok, result.problems
+    assert result.foreign_versions == [landed[0], damaged]
+
+
+def test_a_batch_never_spans_a_time_at_which_the_view_changes(spark, tmp_path):
+    """A view catching up over several times (its timeline extended by another view) commits one
+    version per time at which it changes, each the view at every time it holds."""
+    src, tgt, other = str(tmp_path / "src"), str(tmp_path / "tgt"), str(tmp_path / "other")
+    timeline = str(tmp_path / "timeline")
+    create_source(spark, src, [(1, "a")])
+    writer = MaterializedView(spark, ViewDefinition("writer", other, ChangesInput(src), sources={"src": src},
+                                                    timeline=timeline, replica_id="r1"))
+    late = ViewDefinition("late", tgt, ChangesInput(src), key=("id",), sources={"src": src}, timeline=timeline,
+                          replica_id="r1")
+    writer.run_until_caught_up()
+    mv = MaterializedView(spark, late)
+    mv.step()
+    for edit in [lambda: insert(spark, src, [(2, "b")]), lambda: spark.sql(f"ALTER TABLE delta.`{src}` SET "
+                 "TBLPROPERTIES ('x' = 'y')"), lambda: spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 1")]:
+        edit()
+        writer.run_until_caught_up()
+    for _ in range(6):
+        mv.step()
+    ranges = [(c["mvsink.lower"], c["mvsink.upper"]) for c in reversed(log_history(tgt))
+              if c.get("mvsink.view") == "late" and c.get("mvsink.reason") != "advance-upper"]
+    assert ranges[-2:] == [(1, 3), (3, 4)], "time 2 changes nothing, so one version holds times 1 and 2"
+    result = check_table(tgt, "late", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=timeline))
+    assert result.ok and result.times_checked == 4, result.problems
+
+
+def parse(row: dict) -> dict | None:
+    return {"id": row["id"], "n": int(row["v"])}
+
+
+def test_error_updates_never_enter_the_rows(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "10"), (2, "x")])
+    view = ViewDefinition("parsed", tgt, ChangesInput(src, map_row=parse, output_schema="id BIGINT, n INT"),
+                          key=("id",), replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()
+    assert _rows(tgt) == Counter({(1, 10): 1}), "the plain rows hold no error row"
+    with pytest.raises(ViewInError, match="invalid literal"):
+        read_view(spark, tgt, "parsed")
+    assert {tuple(r) for r in read_view(spark, tgt, "parsed", errors="ignore").collect()} == {(1, 10)}
+    insert(spark, src, [(1, "11")])                       # key 1 twice: a duplicate key
+    mv.run_until_caught_up()
+    errors = sorted(r[0] for r in view_errors(spark, tgt, mv.observed_upper - 1).collect())
+    assert len(errors) == 2 and any("duplicate key" in e for e in errors), errors
+    assert DeltaTable(tgt).to_pyarrow_table().column_names == ["id", "n"]
+    spark.sql(f"DELETE FROM delta.`{src}` WHERE v IN ('x', '11')")
+    mv.run_until_caught_up()
+    assert {tuple(r) for r in read_view(spark, tgt, "parsed").collect()} == {(1, 10)}
+    assert view_errors(spark, tgt, mv.observed_upper - 1).count() == 0
+    with pytest.raises(ViewInError):
+        read_view(spark, tgt, "parsed", time=0)         # the past keeps its errors
+
+
+def test_small_files_are_compacted_through_the_commit_path(spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(retention, "COMPACT_AFTER_FILES", 6)
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(i, str(i)) for i in range(20)])
+    view = ViewDefinition("small", tgt, ChangesInput(src, map_row=parse, output_schema="id BIGINT, n INT"),
+                          key=("id",), replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()
+    most = 0
+    for step in range(24):
+        if step % 3 == 0:
+            insert(spark, src, [(1000 + step, "bad")])     # error updates come and stay
+        else:
+            spark.sql(f"UPDATE delta.`{src}` SET v = '{100 + step}' WHERE id = {step % 20}")
+        mv.run_until_caught_up()
+        most = max(most, len(DeltaTable(tgt).file_uris()))
+    assert mv.upkeep.compactions >= 2
+    assert most <= 6 + 8, f"{most} files: compaction keeps the count bounded"
+    assert len(mv.readback.error_files) <= 4, "error files folded"
+    compactions = [c["version"] for c in log_history(tgt) if c.get("mvsink.reason") == "compaction"]
+    assert all(not a[k]["dataChange"] for v in compactions for a in log_actions(tgt, v)
+               for k in ("add", "remove") if k in a)
+    assert view_errors(spark, tgt, mv.observed_upper - 1).count() == 8
+    source = DeltaTable(src).to_pyarrow_table()
+    assert _rows(tgt) == Counter((i, int(v)) for i, v in zip(source.column("id").to_pylist(),
+                                                              source.column("v").to_pylist()) if v != "bad")
+
+
+def test_a_layout_is_fixed_with_its_table(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a")])
+    MaterializedView(spark, ViewDefinition("old", tgt, ChangesInput(src), replica_id="r1",
+                                           layout="updates")).run_until_caught_up()
+    version = latest_version(tgt)
+    with pytest.raises(ConfigError, match="has the 'updates' layout, the view asks for 'table'.*new target"):
+        MaterializedView(spark, ViewDefinition("old", tgt, ChangesInput(src), replica_id="r2", layout="table"))
+    assert latest_version(tgt) == version, "nothing written"
+    kept = MaterializedView(spark, ViewDefinition("old", tgt, ChangesInput(src), replica_id="r2"))
+    assert kept.layout == "updates", "a view naming no layout keeps its table's"
+    with pytest.raises(ConfigError, match="layout must be one of"):
+        ViewDefinition("x", tgt, ChangesInput(src), layout="rows")
