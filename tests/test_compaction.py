@@ -1,4 +1,5 @@
-"""Compaction advances a view's since and rewrites the files holding older times, through the CAS."""
+"""Compaction in the update layout advances a view's since and rewrites the files holding older times, through
+the CAS (the table layout's compaction of small files: test_table_layout.py)."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def _log_entry(target: str, version: int) -> list[dict]:
 def _updates_table(tmp_path, view_id: str, history: list[tuple]) -> tuple[ViewDefinition, Shard]:
     """A target table of view ``view_id`` holding ``history``, one append per time."""
     view = ViewDefinition(view_id, str(tmp_path / "t"), ChangesInput(str(tmp_path / "src")),
-                          replica_id="writer")
+                          replica_id="writer", layout="updates")
     create_target(view, SCHEMA)
     writer = Shard(view.target, view.app_id, view_id, "writer")
     for t in sorted({u[3] for u in history}):
@@ -171,7 +172,7 @@ def test_compaction_advances_old_times_in_one_commit_and_keeps_the_readable_cont
 def test_a_replica_reads_a_compaction_back_as_no_change(spark, tmp_path):
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a"), (2, "b")])
-    view = ViewDefinition("rb", tgt, ChangesInput(src), replica_id="r1")
+    view = ViewDefinition("rb", tgt, ChangesInput(src), replica_id="r1", layout="updates")
     mv = MaterializedView(spark, view)
     assert mv.run_until_caught_up().upper == 1  # time 0: source version 1
     insert(spark, src, [(3, "c"), (1, "a2")])

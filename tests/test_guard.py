@@ -148,7 +148,7 @@ def test_a_target_recreated_behind_a_running_replica_stops_it(spark, tmp_path):
     src, tgt, mv = _caught_up_view(spark, tmp_path)
     upper = mv.shard.upper()
     shutil.rmtree(tgt)
-    create_target(mv.view, mv.schema)
+    create_target(mv.view, mv.schema, mv.layout)
     insert(spark, src, [(4, "d")])
     with pytest.raises(UpperWentBackwards, match=f"is 0 at table version 0, below {upper} "):
         mv.step()

@@ -43,7 +43,7 @@ BATCHES = {
 def target(spark, tmp_path_factory):
     """The view of :data:`BATCHES`, written with mvsink's own stage and append."""
     tgt = str(tmp_path_factory.mktemp("peek") / "tgt")
-    view = ViewDefinition(VIEW, tgt, ChangesInput(tgt), as_of=1, replica_id="r1")
+    view = ViewDefinition(VIEW, tgt, ChangesInput(tgt), as_of=1, replica_id="r1", layout="updates")
     create_target(view, table_schema(USER))
     shard = Shard(tgt, view.app_id, VIEW, "r1")
     for desc, rows in BATCHES.items():
@@ -56,7 +56,7 @@ def target(spark, tmp_path_factory):
 def big(spark, tmp_path_factory):
     """A view of 20000 rows at time 0: ids 0..19999 out of order; row x is (7919 x mod 20000, f"v{x:05d}")."""
     tgt = str(tmp_path_factory.mktemp("peek") / "big")
-    view = ViewDefinition("big", tgt, ChangesInput(tgt), replica_id="r1")
+    view = ViewDefinition("big", tgt, ChangesInput(tgt), replica_id="r1", layout="updates")
     schema = table_schema(T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())]))
     create_target(view, schema)
     rows = spark.range(20000).selectExpr("(id * 7919) % 20000 AS id", "format_string('v%05d', id) AS v",

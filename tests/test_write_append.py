@@ -21,7 +21,7 @@ SCHEMA = table_schema(USER)
 
 def _view(tmp_path, as_of=0) -> ViewDefinition:
     return ViewDefinition("w", str(tmp_path / "t"), ChangesInput(str(tmp_path / "src")), key=("id",),
-                          as_of=as_of, replica_id="r1")
+                          as_of=as_of, replica_id="r1", layout="updates")
 
 
 def _corrections(spark, rows):

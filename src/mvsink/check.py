@@ -25,7 +25,7 @@ from typing import Callable
 from deltalake import DeltaTable
 
 from mvsink import storage
-from mvsink.layout import TABLE, error_files, layout_of
+from mvsink.layout import TABLE, error_files, error_messages, layout_of
 from mvsink.table import CONTENT_PRESERVING, commit_info, latest_version
 from mvsink.timeline import APP_ID as TIMELINE_APP_ID
 from mvsink.timeline import SOURCES_PROPERTY
@@ -212,7 +212,7 @@ def _check_rows(target: str, view_id: str, columns: list[str], expected: Callabl
         table = table_at(target, version)
         data = table.to_pyarrow_table(columns=columns)
         have = Counter(zip(*(data.column(c).to_pylist() for c in columns)))
-        errors = _error_updates(target, error_files(info) or [])
+        errors = error_messages(target, error_files(info) or [])
         result.versions_checked += 1
         for t in times:
             result.times_checked += 1
@@ -224,20 +224,6 @@ def _check_rows(target: str, view_id: str, columns: list[str], expected: Callabl
                     f"version {version} time {t}: missing {dict(list(missing.items())[:3])}, "
                     f"extra {dict(list(extra.items())[:3])}, errors {dict(list(errors.items())[:2])}")
     return result
-
-
-def _error_updates(target: str, paths: list[str]) -> Counter:
-    """The consolidated error messages of a table-layout version's error files."""
-    import pyarrow.parquet as pq
-
-    errors: Counter = Counter()
-    fs, root = storage.filesystem(target)
-    for path in paths:
-        with fs.open_input_file(storage.join(root, path)) as f:
-            data = pq.read_table(f, columns=[ERROR, DIFF])
-        for error, diff in zip(data.column(ERROR).to_pylist(), data.column(DIFF).to_pylist()):
-            errors[error] += diff
-    return +errors
 
 
 def _check_contiguous(result: CheckResult) -> None:

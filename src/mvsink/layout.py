@@ -29,13 +29,14 @@ layout its existing target does not have is refused at start, nothing written.
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from deltalake import DeltaTable
 from pyspark.sql import types as T
 
 from mvsink import storage
 from mvsink.table import latest_version
-from mvsink.updates import DIFF, RESERVED
+from mvsink.updates import DIFF, ERROR, RESERVED
 
 TABLE = "table"
 UPDATES = "updates"
@@ -81,6 +82,21 @@ def resolve(target: str, wanted: str | None, view_id: str) -> str:
             f"to keep writing this table, or give the view a new target, which it fills in the "
             f"{wanted!r} layout at its first step")
     return existing
+
+
+def error_messages(target: str, paths: list[str]) -> Counter:
+    """The view's error messages (consolidated, with their multiplicities) in the error files
+    ``paths`` of ``target``, read with pyarrow (error files are small: one row per error)."""
+    import pyarrow.parquet as pq
+
+    errors: Counter = Counter()
+    fs, root = storage.filesystem(target)
+    for path in paths:
+        with fs.open_input_file(storage.join(root, path)) as f:
+            data = pq.read_table(f, columns=[ERROR, DIFF])
+        for message, diff in zip(data.column(ERROR).to_pylist(), data.column(DIFF).to_pylist()):
+            errors[message] += diff
+    return +errors
 
 
 def error_files(info: dict) -> list[str] | None:

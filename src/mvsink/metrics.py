@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from mvsink import table as delta_table
+from mvsink.layout import TABLE, error_messages
 from mvsink.timeline import Entry
 from mvsink.view import ConfigError
 
@@ -37,6 +38,8 @@ METRICS = {
     "mvsink_upper": ("gauge", "The view's upper in the target as last read back."),
     "mvsink_timeline_upper": ("gauge", "The timeline's upper after the last step."),
     "mvsink_correction_updates": ("gauge", "Updates in the correction buffer after the last step."),
+    "mvsink_view_errors": ("gauge", "Error rows of the view at the table version last read back (table "
+                                    "layout; -1 in the update layout)."),
     "mvsink_step_seconds": ("gauge", "Duration of the last step."),
     "mvsink_read_only": ("gauge", "1 while the replica is read-only."),
     "mvsink_phase_seconds_total": ("counter", "Seconds spent in each phase of the steps (see mvsink.step_profile)."),
@@ -65,6 +68,19 @@ class ViewMetrics:
     step_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
     phase_spark_jobs: dict[str, int] = field(default_factory=dict)
+    _errors: int = 0
+    _errors_of: tuple[str, ...] = ()
+
+    def view_errors(self, mv) -> int:
+        """Error rows of ``mv``'s view at the version its read-back last saw (table layout; -1 in
+        the update layout), read from its error files once per set of files."""
+        if mv.layout != TABLE:
+            return -1
+        files = tuple(mv.readback.error_files)
+        if self._errors_of != files:
+            self._errors = sum(error_messages(mv.view.target, list(files)).values())
+            self._errors_of = files
+        return self._errors
 
     def record(self, report) -> None:
         """Take in one step's report."""
@@ -94,6 +110,7 @@ def render(views: dict) -> str:
             "mvsink_compactions_total": mv.upkeep.compactions, "mvsink_upper": m.upper,
             "mvsink_timeline_upper": m.timeline_upper, "mvsink_correction_updates": m.corrections,
             "mvsink_step_seconds": m.step_seconds, "mvsink_read_only": int(mv.read_only),
+            "mvsink_view_errors": m.view_errors(mv),
             **hydration_values(mv.hydration),
         }
         for name, value in values.items():

@@ -145,6 +145,19 @@ def _commit_info(target: str, version: int) -> dict | None:
         return None
 
 
+def view_contents(spark: SparkSession, target: str, view_id: str, time: int, version: int | None = None) -> DataFrame:
+    """The view at ``time`` as rows of its columns and ``_mv_error`` (null for an ok row), a row
+    as often as the view has it, in either layout; ``version`` pins the update layout's table
+    version read (the table layout reads the version that holds ``time``)."""
+    if layout_of(target) == TABLE:
+        holding, info = _holding(target, view_id, time)
+        table = spark.read.format("delta").option("versionAsOf", holding).load(spark_uri(target))
+        rows = table.withColumn(ERROR, F.lit(None).cast("string"))
+        errors = _error_rows(spark, target, error_files(info) or [])
+        return rows if errors is None else rows.unionByName(errors.select(*rows.columns))
+    return contents_at(updates(spark, target, version), time)
+
+
 def _read_table_layout(spark: SparkSession, target: str, view_id: str, time: int | None,
                        errors: str) -> DataFrame:
     if time is None:
@@ -200,14 +213,15 @@ def view_errors(spark: SparkSession, target: str, time: int, view_id: str | None
     """The error messages of the view at ``time`` (one row per error update copy); in the table
     layout, of the view ``view_id`` (default: the writer of the table's newest mvsink commit)."""
     if layout_of(target) == TABLE:
-        view_id = view_id or _newest_view(target)
+        view_id = view_id or newest_view(target)
         _, info = _holding(target, view_id, time)
         rows = _error_rows(spark, target, error_files(info) or [])
         return spark.createDataFrame([], f"{ERROR} STRING") if rows is None else rows.select(ERROR)
     return contents_at(updates(spark, target), time).where(F.col(ERROR).isNotNull()).select(ERROR)
 
 
-def _newest_view(target: str) -> str:
+def newest_view(target: str) -> str:
+    """The view whose commit is the table's newest mvsink commit."""
     for info in newest_first(_shard(target, "reader").table()):
         if info.get(META_VIEW):
             return info[META_VIEW]
@@ -250,7 +264,7 @@ def plain_sql(target: str, time: int | None = None, dialect: str = "duckdb", tab
     if layout_of(target) == TABLE:
         if time is not None:
             raise ValueError(f"{target} holds the view's rows (table layout): read time {time} at the "
-                             f"version that holds it (mvsink version-of {target} --time {time}) with "
+                             f"version that holds it (mvsink version {target} --time {time}) with "
                              f"your engine's time travel")
         return f"SELECT * FROM {source.format(path=spark_uri(target) if dialect == 'spark' else target, table=table)}"
     schema = storage.retrying(f"loading {target}", DeltaTable, storage.delta_uri(target),

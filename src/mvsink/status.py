@@ -4,7 +4,8 @@ No connection to any job is needed, so it works for a stand-alone job as for a c
 for none: the view's upper and since, the table's version, the timeline's upper and the wall clock
 of its latest time, each source's latest version and its lag behind the latest time (in versions
 and seconds, :func:`mvsink.metrics.source_lag`), and the view's last commit (version, time, replica,
-reason, its range and the foreign commits it repaired).
+reason, its range and the foreign commits it repaired); in the table layout, the view's errors at
+its latest commit.
 
 Invariants: it only reads (delta-rs and the log files, no Spark); a target that is not an mvsink
 view, or a view id the table does not know, is a :class:`~mvsink.view.ConfigError` naming it.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from mvsink.append import META_LOWER, META_REASON, META_REPAIRS, META_REPLICA, META_UPPER, META_VIEW
 from mvsink.check import table_at
+from mvsink.layout import TABLE, error_files, error_messages, layout_of
 from mvsink.metrics import source_lag
 from mvsink.read import newest_first, since_of, view_upper
 from mvsink.table import latest_version
@@ -42,7 +44,13 @@ def table_status(target: str, view_id: str | None = None, timeline: str | None =
     times.refresh()
     latest = times.last()
     lags = source_lag(times.sources, latest)
+    layout = layout_of(target)
+    errors = error_messages(target, error_files(last) or []) if layout == TABLE else None
     return {
+        "layout": layout,
+        # Table layout: the view's error messages at its latest commit (None in the update layout).
+        "errors": None if errors is None else sum(errors.values()),
+        "error_messages": None if errors is None else sorted(errors)[:5],
         "view_id": view_id,
         "target": target,
         "table_version": table.version(),

@@ -16,7 +16,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink import storage
-from mvsink.layout import LAYOUT_PROPERTY, stored_schema
+from mvsink.layout import LAYOUT_PROPERTY, TABLE, stored_schema
 from mvsink.table import latest_version, spark_uri
 from mvsink.view import ConfigError, ViewDefinition
 
@@ -44,9 +44,10 @@ def validate_target(spark: SparkSession, view: ViewDefinition, schema: T.StructT
         )
 
 
-def create_target(view: ViewDefinition, schema: T.StructType, layout: str) -> None:
-    """Create the target table for updates in ``schema`` in ``layout``, unless another replica got
-    there first."""
+def create_target(view: ViewDefinition, schema: T.StructType, layout: str | None = None) -> None:
+    """Create the target table for updates in ``schema`` in ``layout`` (default: the view's, else
+    ``table``), unless another replica got there first."""
+    layout = layout or view.layout or TABLE
     try:
         DeltaTable.create(
             storage.delta_uri(view.target), schema=to_arrow_schema(stored_schema(layout, schema)),

@@ -15,6 +15,7 @@ nothing: running views are kept as they are), sends one command and prints the a
     mvsink --replica HOST:PORT configure trigger_seconds=1 shuffle_partitions=4 log_level=DEBUG
     mvsink cutover --old HOST:PORT --new HOST:PORT VIEW [--max-plan-rows N]
     mvsink sql TARGET [--time T] [--dialect duckdb|spark|trino]
+    mvsink version TARGET --time T [--view ID]                    (the table version that holds time T)
 
 Exit codes: 0 done, 1 the replica refused or failed the command (a cutover refused for its plan's
 size included: nothing changed), or the table cannot be read as a view's; 2 bad arguments.
@@ -28,7 +29,7 @@ import json
 import logging
 import sys
 
-from mvsink.read import plain_sql
+from mvsink.read import NotReadable, newest_view, plain_sql, version_of_time
 from mvsink.replica.controller import Controller, ControllerError, cutover
 from mvsink.replica.protocol import PlanResponse
 from mvsink.status import table_status
@@ -83,13 +84,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     sql.add_argument("--time", type=int, help="a time in [since, upper); default: the latest")
     sql.add_argument("--dialect", choices=["duckdb", "spark", "trino"], default="duckdb")
     sql.add_argument("--table", help="trino: the target's name in the Trino catalog")
+    version = commands.add_parser("version", help="the table version that holds a view's time (table "
+                                                   "layout; read it with any engine's time travel)")
+    version.add_argument("target", help="the view's target table (path or s3:// URI)")
+    version.add_argument("--time", type=int, required=True, help="a time below the view's upper")
+    version.add_argument("--view", help="the view's id (default: the writer of the table's newest commit)")
     args = parser.parse_args(argv)
     from_table = args.command == "status" and (args.target or args.config)
     if args.command == "status" and args.target and args.config:
         parser.error("status: give --target or --config, not both")
     if args.command == "status" and (args.view or args.timeline) and not args.target:
         parser.error("status: --view and --timeline go with --target")
-    if args.command not in ("cutover", "sql") and not from_table and not args.replica:
+    if args.command not in ("cutover", "sql", "version") and not from_table and not args.replica:
         parser.error(f"{args.command} needs --replica HOST:PORT" + (
             " (or --target PATH / --config view.yaml)" if args.command == "status" else ""))
     if args.command == "plan" and args.limit < 0:
@@ -142,9 +148,11 @@ def print_table_status(status: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return
-    print(f"view {status['view_id']} in {status['target']} (table version {status['table_version']}): "
-          f"upper {status['upper']}, since {status['since']}; timeline {status['timeline']}: "
-          f"upper {status['timeline_upper']}")
+    print(f"view {status['view_id']} in {status['target']} ({status['layout']} layout, table version "
+          f"{status['table_version']}): upper {status['upper']}, since {status['since']}; timeline "
+          f"{status['timeline']}: upper {status['timeline_upper']}")
+    if status["errors"]:
+        print(f"  IN ERROR: {status['errors']} error rows, first: " + " | ".join(status["error_messages"]))
     for name, source in sorted(status["sources"].items()):
         print(f"  source {name}: latest version {source['latest_version']}, latest time covers "
               f"{source['covered_version']}, lag {source['lag_versions']} versions, {source['lag_seconds']:.1f}s")
@@ -184,6 +192,14 @@ def run(args: argparse.Namespace) -> None:
             print(plain_sql(normalize_path(args.target), args.time, args.dialect, args.table))
         except ValueError as exc:
             raise SystemExit(f"mvsink sql: {exc}") from None
+        return
+    if args.command == "version":
+        target = normalize_path(args.target)
+        try:
+            view = args.view or newest_view(target)
+            print(version_of_time(target, view, args.time))
+        except NotReadable as exc:
+            raise SystemExit(f"mvsink version: {exc}") from None
         return
     if args.command == "cutover":
         with Controller(args.old, timeout=args.timeout) as old, Controller(args.new, timeout=args.timeout) as new:

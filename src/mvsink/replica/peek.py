@@ -31,8 +31,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink.table import latest_version
-from mvsink.read import updates, view_since, view_upper
-from mvsink.updates import CLOSED, ERROR, RESERVED, contents_at
+from mvsink.read import NotReadable, view_contents, view_since, view_upper
+from mvsink.updates import CLOSED, ERROR, RESERVED
 
 #: Spark's LIMIT and OFFSET are 32-bit.
 _MAX_ROWS = 2**31 - 1
@@ -77,7 +77,10 @@ def run_peek(spark: SparkSession, request: PeekRequest) -> pa.Table:
     if not since <= t < upper:
         kind = PeekError if t < since else PeekNotReady
         raise kind(f"view {view!r} is readable at times [{since}, {upper}), not at time {t}")
-    contents = contents_at(updates(spark, request.target, version), t)
+    try:
+        contents = view_contents(spark, request.target, view, t, version)
+    except NotReadable as exc:
+        raise PeekError(str(exc)) from None
     rows = _select(contents.where(F.col(ERROR).isNull()), request)
     _raise_if_in_error(contents, request)
     if request.offset:
