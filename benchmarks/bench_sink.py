@@ -97,6 +97,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--versions", type=int, default=20)
     parser.add_argument("--change-fraction", type=float, default=0.01)
+    parser.add_argument("--layout", choices=["table", "updates"], default="table",
+                        help="the view's target layout (default: table)")
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
     args = parser.parse_args()
     with work_directory(args.workdir, "sink") as workdir:
@@ -134,13 +136,13 @@ def run(args, workdir: str) -> int:
     warm = os.path.join(workdir, "warm-up")
     build(warm, max(1, args.rows // 20))
     MaterializedView(spark, ViewDefinition("warm", warm + "-view", ChangesInput(warm), key=("id",),
-                                           replica_id="bench")).run_until_caught_up()
+                                           replica_id="bench", layout=args.layout)).run_until_caught_up()
     copy(warm, warm + "-copy")
     # And the source read once, so that its log replay and the page cache serve both alike.
     first_version(source).write.format("noop").mode("overwrite").save()
 
     view = MaterializedView(spark, ViewDefinition("bench", view_target, ChangesInput(source), key=("id",),
-                                                  replica_id="bench"))
+                                                  replica_id="bench", layout=args.layout))
     started = time.monotonic()
     view.run_until_caught_up()
     mvsink_hydration = time.monotonic() - started
@@ -177,9 +179,9 @@ def run(args, workdir: str) -> int:
                 .option("startingVersion", version).option("endingVersion", version).load(source))
         merge_batch(feed, version)
         merge_times.append(time.monotonic() - started)
-        written = spark.read.format("delta").load(view_target).where(F.col("_mv_time") == version).count()
+        changed.append(feed.where(F.col("_change_type") == "update_postimage").count())
+        written = 2 * changed[-1]  # each changed row: its old row out, its new row in
         updates.append(written)
-        changed.append(written // 2)
         print(f"version {version:3d}: {changed[-1]:,} rows changed, mvsink {mvsink_times[-1]:.2f}s "
               f"({written:,} updates; {phases}), MERGE {merge_times[-1]:.2f}s", flush=True)
 
@@ -195,7 +197,7 @@ def run(args, workdir: str) -> int:
 
     print("\n=== mvsink vs foreachBatch + MERGE ===")
     print(f"machine: {machine()}")
-    print(f"workload: {args.rows:,}-row view, {args.versions} source versions, each updating "
+    print(f"workload: {args.rows:,}-row view ({args.layout} layout), {args.versions} source versions, each updating "
           f"{args.change_fraction:.2%} of the rows (about {statistics.mean(changed):,.0f})")
     print(f"initial load: mvsink {mvsink_hydration:.1f}s, MERGE target copy {merge_hydration:.1f}s")
     print("mvsink initial load, by phase: " + ", ".join(

@@ -472,8 +472,10 @@ def run_with_a_kill(fleet: list[Replica], src: str, target: str, view_id: str, r
             replica.kill(signal.SIGTERM)
 
 
-def stage_row(target: str, name: str, proc: int, lower: int):
-    """Stage a one-row file for `[lower, lower + 1)` in ``target`` through pyarrow (S3 or local)."""
+def stage_row(target: str, name: str, proc: int, lower: int, table=None):
+    """Stage a file for `[lower, lower + 1)` in ``target`` through pyarrow (S3 or local), as the
+    table layout writes a batch: with ``table`` (a delta-rs snapshot), the file holds its rows
+    plus the new one and the batch removes every file it had (a rewrite); else the new row alone."""
     import io
 
     import pyarrow as pa
@@ -485,8 +487,8 @@ def stage_row(target: str, name: str, proc: int, lower: int):
     from mvsink.write.stats import FileStats
 
     schema = row_schema()
-    batch = pa.RecordBatch.from_pylist(
-        [{"proc": proc, "round": lower, "_mv_error": None, "_mv_time": lower, "_mv_diff": 1}], schema=schema)
+    rows = table.to_pyarrow_table().to_pylist() if table is not None else []
+    batch = pa.RecordBatch.from_pylist(rows + [{"proc": proc, "round": lower}], schema=schema)
     buffer = io.BytesIO()
     pq.write_table(pa.Table.from_batches([batch]), buffer)
     fs, root = storage.filesystem(target)
@@ -498,15 +500,18 @@ def stage_row(target: str, name: str, proc: int, lower: int):
     storage.retrying(f"staging {name}", put)
     stats = FileStats(schema)
     stats.add(batch)
+    removes = []
+    if table is not None:
+        actions = table.get_add_actions(flatten=True)
+        removes = list(zip(actions.column("path").to_pylist(), actions.column("size_bytes").to_pylist()))
     return StagedBatch(Description(lower, lower + 1), target,
-                       [StagedFile(name, len(buffer.getvalue()), 1, stats.to_json())])
+                       [StagedFile(name, len(buffer.getvalue()), batch.num_rows, stats.to_json())], removes=removes)
 
 
 def row_schema():
     import pyarrow as pa
 
-    return pa.schema([("proc", pa.int64()), ("round", pa.int64()), ("_mv_error", pa.string()),
-                      ("_mv_time", pa.int64()), ("_mv_diff", pa.int64())])
+    return pa.schema([("proc", pa.int64()), ("round", pa.int64())])
 
 
 def list_files(target: str, prefix: str = "") -> set[str]:
@@ -554,8 +559,10 @@ def assert_race_log(table, winners: dict[int, tuple[int, str]], rounds: int) -> 
 
 
 def race(target: str, proc: int, barrier, done, out_path: str, rounds: int) -> None:
-    """One racing process: each round, stage a row at the upper and compare-and-append it, until
-    the upper reaches ``rounds``; writes its attempts (lower, won, file) to ``out_path``."""
+    """One racing process: each round, as the table layout writes, stage the table's rows plus
+    one at the upper in a file that replaces every file of the snapshot the upper was read in, and
+    compare-and-append it, until the upper reaches ``rounds``; writes its attempts (lower, won,
+    file) to ``out_path``."""
     import json
 
     from mvsink.append import Shard, compare_and_append
@@ -566,11 +573,12 @@ def race(target: str, proc: int, barrier, done, out_path: str, rounds: int) -> N
         barrier.wait()
         if done.value:
             break
-        upper = shard.upper()
+        table = shard.table()
+        upper = shard.upper_of(table)
         if upper >= rounds:
             done.value = 1
             continue
-        batch = stage_row(target, f"mvsink-race-{upper}-{upper + 1}-p{proc}.parquet", proc, upper)
+        batch = stage_row(target, f"mvsink-race-{upper}-{upper + 1}-p{proc}.parquet", proc, upper, table)
         result = compare_and_append(shard, batch.desc, batch, "correction")
         attempts.append({"lower": upper, "won": result.appended, "file": batch.files[0].path})
     with open(out_path, "w") as f:

@@ -1,6 +1,6 @@
 """Cutover plans: a read-only replica of a changed definition shows the updates its first commit
 would write (``mvsink plan``); ``mvsink cutover --max-plan-rows`` refuses a larger plan with nothing
-changed; once promoted, the replica's first commit writes exactly the plan's updates."""
+changed; once promoted, the replica's first commit makes exactly the plan's change to the table's rows."""
 
 from __future__ import annotations
 
@@ -36,14 +36,17 @@ def commits_by(target: str, replica: str) -> list[dict]:
     return [h for h in log_history(target) if h.get("mvsink.replica") == replica]
 
 
-def written_updates(target: str, version: int) -> Counter:
-    """The updates the files added by table ``version`` hold, as a multiset."""
-    rows = Counter()
+def committed_change(target: str, version: int) -> dict:
+    """The rows table ``version`` added minus the rows it removed (the table layout: each a
+    plain row), row -> signed count."""
+    change = Counter()
     for action in log_actions(target, version):
-        if "add" in action:
-            table = pq.read_table(os.path.join(target, unquote(action["add"]["path"])))
-            rows.update(tuple(r[c] for c in COLUMNS) for r in table.to_pylist())
-    return rows
+        for kind, sign in (("add", 1), ("remove", -1)):
+            if kind in action:
+                table = pq.read_table(os.path.join(target, unquote(action[kind]["path"])), columns=["id", "v"])
+                for r in table.to_pylist():
+                    change[(r["id"], r["v"])] += sign
+    return {row: n for row, n in change.items() if n}
 
 
 def test_the_plan_is_what_the_promoted_replica_commits_first(spark, tmp_path):
@@ -102,7 +105,10 @@ def test_the_plan_is_what_the_promoted_replica_commits_first(spark, tmp_path):
         first = wait_for(lambda: commits_by(tgt, "green"), timeout=120, what="green's first commit",
                          watch=(green,))[-1]
         assert (int(first["mvsink.lower"]), int(first["mvsink.upper"])) == (upper, upper + 1), first
-        assert written_updates(tgt, first["version"]) == planned
+        planned_change = Counter()
+        for (id_, v, _error, _time, diff), n in planned.items():
+            planned_change[(id_, v)] += diff * n
+        assert committed_change(tgt, first["version"]) == dict(planned_change)
     finally:
         for replica in (blue, green):
             replica.kill(signal.SIGTERM)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from helpers import create_source, insert
-from mvsink import ChangesInput, MaterializedView, SnapshotInput, ViewDefinition, read_view
+from mvsink import ChangesInput, MaterializedView, SnapshotInput, ViewDefinition, read_view, view_errors, view_upper
 from mvsink import append as append_module
 from mvsink import sink as sink_module
 from mvsink.check import check_table, expected_from_source
@@ -49,7 +49,8 @@ def test_a_foreign_commit_just_before_the_own_commit_is_read_and_repaired(spark,
     read-back reads both, and the foreign rows are undone at every time."""
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a")])
-    mv = MaterializedView(spark, ViewDefinition("race", tgt, ChangesInput(src), key=("id",), replica_id="r1"))
+    mv = MaterializedView(spark, ViewDefinition("race", tgt, ChangesInput(src), key=("id",), replica_id="r1",
+                                                layout="updates"))  # the table layout's: test_table_layout.py
     mv.run_until_caught_up()
     insert(spark, src, [(2, "b")])
     schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("_mv_time", pa.int64()),
@@ -99,6 +100,11 @@ def test_snapshot_differences_keep_multiplicities(spark, tmp_path):
     assert expected[1] in seen
 
 
+def _errors(spark, tgt: str, view_id: str) -> list[str]:
+    """The view's error messages at its latest time (kept apart from its rows)."""
+    return sorted(r[0] for r in view_errors(spark, tgt, view_upper(tgt, view_id) - 1, view_id).collect())
+
+
 @pytest.mark.parametrize("rows, unique", [
     ([(1, "a"), (2, "b"), (3, "c"), (None, "no key")], True),        # one error row: still unique
     ([(1, "a"), (1, "b"), (2, "c")], False),                           # a key twice
@@ -116,8 +122,8 @@ def test_hydration_holds_a_snapshot_unique_by_key_as_it_is(spark, tmp_path, monk
         mv = MaterializedView(spark, ViewDefinition(name, tgt, ChangesInput(src), key=("id",), replica_id="r1"))
         report = mv.step()
         assert report.appended and mv.correction.size == 0, report
-        rows = spark.read.format("delta").load(tgt).collect()
-        return Counter(tuple(r.asDict().items()) for r in rows), report.spark_jobs
+        rows = Counter(tuple(r) for r in spark.read.format("delta").load(tgt).collect())
+        return (rows, _errors(spark, tgt, name)), report.spark_jobs
 
     fast, fast_jobs = hydrate("fast")
     not_unique = lambda updates, key: (updates.count(), False)  # noqa: E731
@@ -130,7 +136,7 @@ def test_hydration_holds_a_snapshot_unique_by_key_as_it_is(spark, tmp_path, monk
     if unique:  # settled by the staging's own tasks: the snapshot was read once
         assert fast_jobs.get("key_check", 0) == 0 and fast_jobs["staging"] >= 1, fast_jobs
     assert full_jobs["correction"] >= 1
-    errors = [dict(r)["_mv_error"] for r in fast if dict(r)["_mv_error"]]
+    errors = fast[1]
     assert any(e.startswith("duplicate key") for e in errors) == (not unique and rows[1][0] is not None), errors
 
 
@@ -169,9 +175,7 @@ def test_a_hydration_checks_its_keys_on_the_files_it_stages(spark, tmp_path, lay
     assert {f for f in os.listdir(tgt) if f.endswith(".parquet")} == committed
     rows = Counter(tuple(r) for r in read_view(spark, tgt, "keyed", errors="ignore").collect())
     assert rows == Counter((i, f"v{i}") for i in ids)
-    errors = [r[0] for r in spark.read.format("delta").load(tgt).where("_mv_error IS NOT NULL")
-              .select("_mv_error").collect()]
-    assert errors == (['duplicate key {"id":7}: 2 rows'] if layout == "a key repeated" else [])
+    assert _errors(spark, tgt, "keyed") == (['duplicate key {"id":7}: 2 rows'] if layout == "a key repeated" else [])
 
 
 def test_a_hydration_whose_staging_fails_hydrates_again(spark, tmp_path, monkeypatch):
@@ -196,6 +200,4 @@ def test_a_hydration_whose_staging_fails_hydrates_again(spark, tmp_path, monkeyp
     assert mv.hydrations == 2
     rows = Counter(tuple(r) for r in read_view(spark, tgt, "again", errors="ignore").collect())
     assert rows == Counter([(1, "a"), (2, "b"), (2, "c")])
-    errors = [r[0] for r in spark.read.format("delta").load(tgt).where("_mv_error IS NOT NULL")
-              .select("_mv_error").collect()]
-    assert errors == ['duplicate key {"id":2}: 2 rows']
+    assert _errors(spark, tgt, "again") == ['duplicate key {"id":2}: 2 rows']

@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 
 _HOMES = {
-    "mvsink.read": ("NotReadable", "ViewInError", "read_view", "register_temp_view", "view_errors", "view_since",
-                    "view_upper"),
+    "mvsink.read": ("NotReadable", "ViewInError", "read_view", "register_temp_view", "version_of_time", "view_errors",
+                    "view_since", "view_upper"),
     "mvsink.sink": ("MaterializedView", "StepReport", "TimeWentBackwards"),
     "mvsink.timeline": ("Timeline",),
     "mvsink.view": ("ChangesInput", "ConfigError", "SnapshotInput", "ViewDefinition", "load_config"),

@@ -1,0 +1,143 @@
+"""Reading a view kept by mvsink against reading the same rows in a plain Delta table, same run.
+
+Workload: a source Delta table of ``--rows`` rows (change data feed on); ``--steps`` source
+versions each update ``--change-fraction`` of its rows, and an mvsink view of the source keyed by
+``id`` follows every version (in the table layout, the default; with ``--with-updates-layout``
+also a second view in the update layout, for the figures before it). Then the view's latest rows
+are read, and the same rows in a plain Delta table written by overwrite:
+
+* Spark: ``count(*)`` and ``sum(amount)`` over every row, and the row of one key;
+* DuckDB (``delta_scan`` of the ``duckdb-ext-delta`` package): the same two queries.
+
+The table layout is read as any reader reads a table (``spark.read.format("delta")``,
+``delta_scan``); the update layout with ``read_view`` and the SQL ``mvsink sql`` prints. Each
+read runs once to warm up, then ``--repeat`` times; the median is printed with the ratio to the
+plain table. The answers are compared, so no reader is timed reading something else.
+
+Run: ``python benchmarks/bench_read.py [--rows 1000000] [--steps 100]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_sink import WORKDIR_HELP, machine, work_directory  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--change-fraction", type=float, default=0.01)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--with-updates-layout", action="store_true",
+                        help="also keep the view in the update layout and read it")
+    parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
+    args = parser.parse_args()
+    with work_directory(args.workdir, "read") as workdir:
+        return run(args, workdir)
+
+
+def run(args, workdir: str) -> int:
+    from pyspark.sql import functions as F
+
+    from mvsink import ChangesInput, MaterializedView, ViewDefinition
+    from mvsink.read import plain_sql, read_view
+    from mvsink.spark import spark_session
+    from deltalake import DeltaTable
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from helpers import duckdb_with_delta
+
+    spark = spark_session("mvsink-bench-read")
+    source, table_view, updates_view, plain = (os.path.join(workdir, n) for n in ("source", "view", "updates", "plain"))
+    print(f"building a {args.rows:,}-row source in {workdir} ...", flush=True)
+    (spark.range(args.rows)
+     .select("id", F.concat(F.lit("customer-"), (F.col("id") % 5000).cast("string")).alias("customer"),
+             (F.col("id") % 997).alias("amount"), F.sha1(F.col("id").cast("string")).alias("note"))
+     .write.format("delta").option("delta.enableChangeDataFeed", "true")
+     .option("delta.enableDeletionVectors", "false").save(source))
+    views = [MaterializedView(spark, ViewDefinition("bench", table_view, ChangesInput(source), key=("id",),
+                                                    replica_id="bench"))]
+    if args.with_updates_layout:
+        views.append(MaterializedView(spark, ViewDefinition("bench", updates_view, ChangesInput(source), key=("id",),
+                                                            replica_id="bench", layout="updates")))
+    modulus = int(round(1 / args.change_fraction))
+    write_seconds = {v.layout: [] for v in views}
+    for i in range(args.steps + 1):
+        if i:
+            spark.sql(f"UPDATE delta.`{source}` SET amount = amount + {i} WHERE pmod(hash(id, {i}), {modulus}) = 0")
+        for view in views:
+            started = time.monotonic()
+            view.run_until_caught_up()
+            if i:
+                write_seconds[view.layout].append(time.monotonic() - started)
+        if i % 10 == 0:
+            print(f"step {i}: " + ", ".join(f"{layout} layout p50 {statistics.median(s):.2f}s per version"
+                                           for layout, s in write_seconds.items() if s), flush=True)
+    spark.read.format("delta").load(table_view).write.format("delta").mode("overwrite").save(plain)
+    key = args.rows // 2 + 7
+    con = duckdb_with_delta()
+    full_sql = "SELECT count(*), sum(amount) FROM ({})"
+    key_sql = f"SELECT * FROM ({{}}) WHERE id = {key}"
+    readers = {
+        "plain table": {
+            "spark, every row": lambda: tuple(spark.read.format("delta").load(plain).agg(F.count("*"), F.sum("amount")).first()),
+            "spark, one key": lambda: tuple(spark.read.format("delta").load(plain).where(F.col("id") == key).first()),
+            "duckdb, every row": lambda: con.sql(full_sql.format(f"SELECT * FROM delta_scan('{plain}')")).fetchone(),
+            "duckdb, one key": lambda: con.sql(key_sql.format(f"SELECT * FROM delta_scan('{plain}')")).fetchone(),
+        },
+        "mvsink, table layout": {
+            "spark, every row": lambda: tuple(spark.read.format("delta").load(table_view).agg(F.count("*"), F.sum("amount")).first()),
+            "spark, one key": lambda: tuple(spark.read.format("delta").load(table_view).where(F.col("id") == key).first()),
+            "duckdb, every row": lambda: con.sql(full_sql.format(f"SELECT * FROM delta_scan('{table_view}')")).fetchone(),
+            "duckdb, one key": lambda: con.sql(key_sql.format(f"SELECT * FROM delta_scan('{table_view}')")).fetchone(),
+        },
+    }
+    if args.with_updates_layout:
+        readers["mvsink, update layout"] = {
+            "spark, every row": lambda: tuple(read_view(spark, updates_view, "bench").agg(F.count("*"), F.sum("amount")).first()),
+            "spark, one key": lambda: tuple(read_view(spark, updates_view, "bench").where(F.col("id") == key).first()),
+            "duckdb, every row": lambda: con.sql(full_sql.format(plain_sql(updates_view))).fetchone(),
+            "duckdb, one key": lambda: con.sql(key_sql.format(plain_sql(updates_view))).fetchone(),
+        }
+    medians: dict[str, dict[str, float]] = {}
+    answers: dict[str, dict[str, tuple]] = {}
+    for name, reads in readers.items():
+        for what, read in reads.items():
+            answers.setdefault(what, {})[name] = tuple(read())
+            times = []
+            for _ in range(args.repeat):
+                started = time.monotonic()
+                read()
+                times.append(time.monotonic() - started)
+            medians.setdefault(name, {})[what] = statistics.median(times)
+    files = {name: len(DeltaTable(path).file_uris()) for name, path in
+             [("plain table", plain), ("mvsink, table layout", table_view)]
+             + ([("mvsink, update layout", updates_view)] if args.with_updates_layout else [])}
+    print("\n=== reading the view's latest rows against a plain Delta table of the same rows ===")
+    print(f"machine: {machine()}")
+    print(f"workload: {args.rows:,}-row view after {args.steps} versions each updating {args.change_fraction:.2%} "
+          f"of the rows; files: " + ", ".join(f"{n} {c}" for n, c in files.items()))
+    print("writes per version, p50: " + ", ".join(f"{layout} layout {statistics.median(s):.2f}s"
+                                                  for layout, s in write_seconds.items()))
+    print(f"{'read (median of ' + str(args.repeat) + ')':24}" + "".join(f"{n:>28}" for n in readers))
+    same = True
+    for what in readers["plain table"]:
+        base = medians["plain table"][what]
+        cells = "".join(f"{medians[n][what]:>17.3f}s ({medians[n][what] / base:4.2f}x)" for n in readers)
+        agree = len(set(answers[what].values())) == 1
+        same = same and agree
+        print(f"{what:24}{cells}{'' if agree else '  ANSWERS DIFFER: ' + str(answers[what])}")
+    print(f"answers identical: {same}")
+    spark.stop()
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
