@@ -131,7 +131,7 @@ def test_an_expired_upper_stops_every_replica_instead_of_writing_again(spark, tm
 def test_a_foreign_writer_using_the_views_app_id_is_reported_and_not_built_on(spark, tmp_path):
     src, tgt, mv = _caught_up_view(spark, tmp_path)
     upper = mv.shard.upper()
-    rows = spark.createDataFrame([(9, "z", None, 0, 1)], f"{COLUMNS}, _mv_diff BIGINT")
+    rows = spark.createDataFrame([(9, "z")], "id BIGINT, v STRING")
     (rows.write.format("delta").mode("append").option("txnAppId", mv.view.app_id)
      .option("txnVersion", upper + 10).save(tgt))
     assert DeltaTable(tgt).transaction_version(mv.view.app_id) == upper + 10

@@ -48,7 +48,7 @@ def test_metrics_show_steps_a_lost_race_a_repair_and_the_source_lag(spark, tmp_p
         wait_for(lambda: both("mvsink_commits_won_total") >= 2, timeout=60, what="two won commits in the metrics",
                  watch=tuple(fleet))
         repairs = both("mvsink_repairs_total")
-        insert(spark, tgt, [(999, "garbage", None, 0, 1)])  # a foreign write
+        insert(spark, tgt, [(999, "garbage")])  # a foreign write
         wait_for(lambda: both("mvsink_repairs_total") > repairs, timeout=120, what="a repair in the metrics",
                  watch=tuple(fleet))
         wait_for(lambda: max(_scrape(p).get("mvsink_upper", 0) for p in ports) == view_upper_of(tgt, "watched"),

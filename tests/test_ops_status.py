@@ -83,7 +83,7 @@ def test_hydration_progress_and_status_from_the_table(spark, tmp_path):
 
         wait_for(lambda: caught_up(tgt, VIEW), timeout=300, what="the first commits", watch=(job,))
         foreign = latest_version(tgt) + 1  # the sources are idle: the job commits nothing before
-        insert(spark, tgt, [(999, "garbage", None, 0, 1)])  # a foreign write: the job repairs it
+        insert(spark, tgt, [(999, "garbage")])  # a foreign write: the job repairs it
         repair = wait_for(lambda: [h for h in log_history(tgt) if h.get("mvsink.reason") == "repair"],
                           timeout=180, what="the repair", watch=(job,))[0]
         wait_for(lambda: caught_up(tgt, VIEW), timeout=120, what="the repair's time", watch=(job,))

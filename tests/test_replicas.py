@@ -68,9 +68,9 @@ def test_replicas_with_random_restarts_keep_the_table_exact(spark, tmp_path, rep
           f"{result.summary()}")
     assert result.ok, result.problems[:5]
     assert restarts == RESTARTS
-    assert result.times_checked > SOURCE_VERSIONS // 2
+    assert result.times_checked == view_upper_of(tgt, "shouty"), "every time, at the version that holds it"
     writers = {replica for _, _, reason, replica in result.commits if reason != "advance-upper"}
     assert len(writers) >= 2, f"only {writers} ever won a commit: the replicas did not race"
     if replicas == 2:  # readers that know nothing of mvsink, at the version that holds each time
         times, versions = read_plainly_at_every_time(spark, tgt, "shouty", ["id", "v"], expected)
-        assert times == view_upper_of(tgt, "shouty") and versions >= SOURCE_VERSIONS // 2, (times, versions)
+        assert times == view_upper_of(tgt, "shouty") and versions > 1, (times, versions)

@@ -40,7 +40,8 @@ def test_a_stand_alone_writer_compacts_to_its_retention_and_checkpoints(spark, t
     monkeypatch.setattr(retention, "COMPACT_AFTER_FILES", COMPACT_AFTER_FILES)
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(i, f"v{i}") for i in range(20)])
-    view = ViewDefinition("kept", tgt, ChangesInput(src), key=("id",), replica_id="r1", retain_history=5)
+    view = ViewDefinition("kept", tgt, ChangesInput(src), key=("id",), replica_id="r1", retain_history=5,
+                          layout="updates")  # retain_history: the update layout's; the table layout's compaction: test_table_layout
     mv = MaterializedView(spark, view)
     files = []
     for n in range(3 * COMPACT_AFTER_FILES + 4):

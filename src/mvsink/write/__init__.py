@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink import failpoints, storage
 from mvsink.mint import Description
@@ -142,9 +143,9 @@ def stage(updates: DataFrame, desc: Description, target: str, view_id: str, repl
     task writes its ok rows as plain rows (those columns, a row repeated as often as its diff
     says) and its error updates as they are into a file of its own under :data:`ERRORS_DIR`."""
     prefix = staged_prefix(view_id, desc, replica_id)
-    writer = _partition_writer(target, prefix, key_ranges, plain_columns)
     schema = _FILE_LIST_SCHEMA if key_ranges is None else T.StructType(
         _FILE_LIST_SCHEMA.fields + key_ranges.schema.fields)
+    writer = _partition_writer(target, prefix, key_ranges, plain_columns, to_arrow_schema(schema))
     started = time.monotonic()
     rows = updates.mapInArrow(writer, schema).collect()
 
@@ -164,7 +165,7 @@ def stage(updates: DataFrame, desc: Description, target: str, view_id: str, repl
 
 
 def _partition_writer(target: str, prefix: str, key_ranges: KeyRanges | None,
-                      plain_columns: list[str] | None = None):
+                      plain_columns: list[str] | None, out_schema: pa.Schema):
     """The function each Spark task runs: stream its Arrow batches into one Parquet file (and
     fold them into a key report); in the table layout (``plain_columns``), its ok rows as plain
     rows into one file and its error updates into another (:func:`stage`)."""
@@ -206,8 +207,8 @@ def _partition_writer(target: str, prefix: str, key_ranges: KeyRanges | None,
             if report is not None:
                 row, report = {**row, **report}, None
             elif keys is not None:
-                row = {**row, **{f.name: pa.nulls(1) for f in key_ranges.schema.fields}}
-            yield pa.RecordBatch.from_pydict(row)
+                row = {**row, **{f.name: pa.nulls(1, out_schema.field(f.name).type) for f in key_ranges.schema.fields}}
+            yield pa.RecordBatch.from_pydict(row, schema=out_schema)
 
     return write_partition
 
