@@ -52,10 +52,12 @@ from pyspark.sql import functions as F
 from mvsink import storage
 from mvsink.append import (META_HISTORY, META_READBACK, REASON_CORRECTION, REASON_PROGRESS,
                            REASON_REPAIR, Shard, compare_and_append)
+from mvsink.append.fence import Fence, Fenced
 from mvsink.append.retention import Retention, Upkeep
 from mvsink.cleanup import clean_orphans
 from mvsink.correction import CorrectionBuffer, checkpointed
 from mvsink.correction.readback import ReadBack, ReadBackError
+from mvsink.definition import definition_id
 from mvsink.hydration import Hydration
 from mvsink.inputs import Changes, desired_for
 from mvsink.key_check import KeyErrors, KeyRanges, touched_keys, unique_keys, unique_keys_by_shuffle
@@ -140,6 +142,11 @@ class MaterializedView:
         self.desired = desired_for(spark, view, self.timeline)
         self.schema = self.desired.schema
         validate_target(spark, view, self.schema)
+        #: The view's definition id (:mod:`mvsink.definition`); the shard writes only under it.
+        self.definition = definition_id(view, self.schema)
+        self.shard.fence = Fence(view.target, view.view_id, self.definition, view.replica_id)
+        if not view.read_only:
+            self.shard.fence.allow_writes(self._latest_table(), cutover=False)
         self._check_times(table_upper)
         self.minter = Minter(view.as_of, view.read_only)
         self.upkeep = Upkeep(Retention.parse(view.retain_history))
@@ -160,17 +167,32 @@ class MaterializedView:
         #: The buffer holds a hydration's snapshot whose keys are not checked yet (:meth:`_hold_unchecked`).
         self._keys_unchecked = False
         self._steps = 0
-        log.info("view %s (replica %s) on %s: %s over %s, key %s, as_of %d, timeline %s%s", view.view_id,
-                 view.replica_id, view.target, type(view.input).__name__, view.sources, list(view.key),
-                 view.as_of, view.timeline, ", read-only" if view.read_only else "")
+        log.info("view %s (replica %s) on %s: %s over %s, key %s, as_of %d, timeline %s, definition %s%s",
+                 view.view_id, view.replica_id, view.target, type(view.input).__name__, view.sources,
+                 list(view.key), view.as_of, view.timeline, self.definition, ", read-only" if view.read_only else "")
 
     @property
     def read_only(self) -> bool:
         return self.minter.read_only
 
-    def allow_writes(self) -> None:
-        """Leave read-only mode for good; the next step may write."""
+    def allow_writes(self, cutover: bool = True) -> None:
+        """Leave read-only mode for good; the next step may write.
+
+        ``cutover`` (an operator's allow-writes): the first commit raises the fence to this
+        view's definition. Without it (a replica started as a writer) the table must be fenced
+        for this definition or none: otherwise :class:`~mvsink.append.fence.DefinitionRefused`,
+        and the view stays read-only and is fenced (:mod:`mvsink.append.fence`)."""
+        if self.read_only:
+            self.shard.fence.allow_writes(self._latest_table(), cutover)
         self.minter.allow_writes()
+
+    @property
+    def fenced(self) -> str | None:
+        """Why this replica may never write again (another definition holds the fence), or None."""
+        return self.shard.fence.reason
+
+    def _latest_table(self):
+        return self.shard.table() if latest_version(self.view.target) is not None else None
 
     @property
     def steps(self) -> int:
@@ -231,6 +253,8 @@ class MaterializedView:
             except BaseException as exc:
                 if self.hydration.running:
                     self.hydration.abort(exc)
+                if isinstance(exc, Fenced):
+                    self.minter.read_only = True  # for good: allow_writes refuses a fenced view
                 raise
 
     def _step(self) -> StepReport:
