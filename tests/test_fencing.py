@@ -164,9 +164,11 @@ def test_blue_with_a_commit_staged_across_the_cutover_then_restarted(spark, tmp_
         wait_for(lambda: caught_up(tgt, VIEW), timeout=120, what="green to write on", watch=(green,))
         before = len(_commits(tgt))
         # A supervisor restarts blue as it was: it refuses at start, nothing written.
-        restarted = Replica(blue_config, "blue", logs).start()
-        assert _wait_exit(restarted, 300) == EXIT_FENCED, restarted.logs()[-3000:]
-        assert "started without --read-only writes only" in restarted.logs()
+        blue.env = {}
+        blue.start()
+        assert _wait_exit(blue, 300) == EXIT_FENCED, blue.logs()[-3000:]
+        restart_log = (logs / "blue-2.log").read_text()
+        assert "started without --read-only writes only" in restart_log and "AllowWrites refused" in restart_log
         assert len(_commits(tgt)) == before
         _more_orders(spark, src)
         wait_for(lambda: caught_up(tgt, VIEW), timeout=120, what="green to write on", watch=(green,))
