@@ -1,6 +1,8 @@
 """A replica's processes end together (issue 26): ``spark-submit mvsink_job.py --listen ...``
 stopped the way an operator does it, ``kill $PID`` (SIGTERM) or ``kill -9`` (SIGKILL) to the
-spark-submit process alone, leaves no process of the replica running and its protocol port free."""
+spark-submit process alone, leaves no process of the replica running and its protocol port free.
+(The driver's last words cannot be checked: its output reaches the log through the spark-submit
+JVM, gone by then.)"""
 
 from __future__ import annotations
 
@@ -65,6 +67,5 @@ def test_stopping_spark_submit_ends_the_whole_replica(tmp_path, sig):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((host, int(port)))
             sock.listen()
-        assert "is gone: the job ends with it" in replica.logs()
     finally:
         kill_group(pgid)
