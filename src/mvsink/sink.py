@@ -55,7 +55,7 @@ from mvsink.append import (META_HISTORY, META_READBACK, REASON_CORRECTION, REASO
 from mvsink.append.fence import Fence, Fenced
 from mvsink.append.retention import Retention, Upkeep
 from mvsink.cleanup import clean_orphans
-from mvsink.correction import CorrectionBuffer, checkpointed
+from mvsink.correction import CorrectionBuffer, checkpointed, state_lost
 from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.definition import definition_id
 from mvsink.hydration import Hydration
@@ -167,6 +167,8 @@ class MaterializedView:
         #: The buffer holds a hydration's snapshot whose keys are not checked yet (:meth:`_hold_unchecked`).
         self._keys_unchecked = False
         self._steps = 0
+        #: When held state was lost with an executor (monotonic seconds); None once hydrated again.
+        self._state_lost_at: float | None = None
         log.info("view %s (replica %s) on %s: %s over %s, key %s, as_of %d, timeline %s, definition %s%s",
                  view.view_id, view.replica_id, view.target, type(view.input).__name__, view.sources,
                  list(view.key), view.as_of, view.timeline, self.definition, ", read-only" if view.read_only else "")
@@ -255,6 +257,11 @@ class MaterializedView:
                     self.hydration.abort(exc)
                 if isinstance(exc, Fenced):
                     self.minter.read_only = True  # for good: allow_writes refuses a fenced view
+                elif state_lost(exc):
+                    log.warning("view %s: state held on an executor was lost with it; dropping all held state, "
+                                "the next step hydrates again: %s", self.view.view_id, str(exc).splitlines()[0][:300])
+                    self._forget()
+                    self._state_lost_at = self._state_lost_at or time.monotonic()
                 raise
 
     def _step(self) -> StepReport:
@@ -299,6 +306,10 @@ class MaterializedView:
             with profile.phase("upkeep"):
                 self.upkeep.run(self)
         self._steps += 1
+        if self._state_lost_at is not None and self.desired_frontier is not None:
+            log.warning("view %s: recovered from the lost executor state in %.1fs by hydrating again at time %d",
+                        self.view.view_id, time.monotonic() - self._state_lost_at, self.desired_frontier - 1)
+            self._state_lost_at = None
         if not self.read_only and (self._steps == 1 or self._steps % _CLEANUP_EVERY == 0):
             with profile.phase("upkeep"):
                 clean_orphans(self.shard, self.orphan_grace_seconds)

@@ -14,7 +14,7 @@ and are handled one at a time, in order. Stages are enforced per connection:
    under its view's current definition (:mod:`mvsink.append.fence`): a view whose table is
    fenced for another definition is refused (an :class:`Error` starting ``fenced:``) and stays
    read-only until its query stops. An ``AllowWrites`` is a cutover: each view's first commit
-   raises the fence to its definition.
+   raises the fence to its definition, also for views created on the replica after it.
 
 A command out of order, for an unknown view, or with bad arguments is answered with an
 :class:`Error` and changes nothing.
@@ -117,6 +117,8 @@ class ComputeState:
         self._send_lock = threading.Lock()
         self._reported: dict[str, int] = {}
         self._hydrated: set[str] = set()
+        #: Writes were allowed by a cutover (``AllowWrites``), not by starting as a writer.
+        self._cutover = False
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -294,7 +296,7 @@ class ComputeState:
         writer; a view this refuses (fenced) is reported and writes nothing."""
         if not self.read_only:
             return
-        self.read_only = False
+        self.read_only, self._cutover = False, cutover
         for running in self.views.values():
             try:
                 running.view.allow_writes(cutover=cutover)
@@ -316,10 +318,11 @@ class ComputeState:
             raise ProtocolError(f"CreateDataflow: view {view_id!r} exists; drop it first "
                                 "(AllowCompaction to the empty frontier)")
         try:
-            definition = view_from_spec(command.view, read_only=self.read_only,
-                                        replica_id=self.replica_id)
+            definition = view_from_spec(command.view, read_only=True, replica_id=self.replica_id)
             view = MaterializedView(self.spark, definition,
                                     orphan_grace_seconds=self.instance.orphan_grace_seconds)
+            if not self.read_only:  # writable as the replica is: by a cutover, or as a writer
+                view.allow_writes(cutover=self._cutover)
         except Fenced as exc:
             raise ProtocolError(f"fenced: {exc}") from None
         except ConfigError as exc:
