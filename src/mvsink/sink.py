@@ -142,13 +142,16 @@ class MaterializedView:
         self.desired = desired_for(spark, view, self.timeline)
         self.schema = self.desired.schema
         validate_target(spark, view, self.schema)
+        self._check_times(table_upper)
+        self.minter = Minter(view.as_of, view.read_only)
         #: The view's definition id (:mod:`mvsink.definition`); the shard writes only under it.
         self.definition = definition_id(view, self.schema)
         self.shard.fence = Fence(view.target, view.view_id, self.definition, view.replica_id)
         if not view.read_only:
             self.shard.fence.allow_writes(self._latest_table(), cutover=False)
-        self._check_times(table_upper)
-        self.minter = Minter(view.as_of, view.read_only)
+        log.info("view %s (replica %s): definition %s", view.view_id, view.replica_id, self.definition)
+        #: When held state was lost with an executor (monotonic seconds); None once hydrated again.
+        self._state_lost_at: float | None = None
         self.upkeep = Upkeep(Retention.parse(view.retain_history))
         self.metrics = ViewMetrics()
         self.correction = CorrectionBuffer(spark, self.schema)
@@ -167,11 +170,9 @@ class MaterializedView:
         #: The buffer holds a hydration's snapshot whose keys are not checked yet (:meth:`_hold_unchecked`).
         self._keys_unchecked = False
         self._steps = 0
-        #: When held state was lost with an executor (monotonic seconds); None once hydrated again.
-        self._state_lost_at: float | None = None
-        log.info("view %s (replica %s) on %s: %s over %s, key %s, as_of %d, timeline %s, definition %s%s",
-                 view.view_id, view.replica_id, view.target, type(view.input).__name__, view.sources,
-                 list(view.key), view.as_of, view.timeline, self.definition, ", read-only" if view.read_only else "")
+        log.info("view %s (replica %s) on %s: %s over %s, key %s, as_of %d, timeline %s%s", view.view_id,
+                 view.replica_id, view.target, type(view.input).__name__, view.sources, list(view.key),
+                 view.as_of, view.timeline, ", read-only" if view.read_only else "")
 
     @property
     def read_only(self) -> bool:

@@ -1,8 +1,7 @@
 """The target table: created on a view's first write, checked against the view at every start.
 
 The table is created by delta-rs with the view's table schema (:func:`mvsink.updates.table_schema`)
-and no partitioning, fenced for its creator's definition (the table property
-``mvsink.fence.<view id>``, see :mod:`mvsink.append.fence`). A replica that finds the table already there (another replica made it, or an
+and no partitioning. A replica that finds the table already there (another replica made it, or an
 older run) checks that its columns and types are the view's; a mismatch stops the replica before
 it writes anything.
 """
@@ -17,10 +16,9 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink import storage
-from mvsink.append.fence import fence_property
-from mvsink.definition import definition_id
 from mvsink.table import latest_version, spark_uri
 from mvsink.view import ConfigError, ViewDefinition
+from mvsink.append.fence import initial_properties
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +48,7 @@ def create_target(view: ViewDefinition, schema: T.StructType) -> None:
         DeltaTable.create(
             storage.delta_uri(view.target), schema=to_arrow_schema(schema), mode="ignore",
             name=view.view_id, description=f"mvsink view {view.view_id}",
-            configuration={fence_property(view.view_id): definition_id(view, schema)},
-            raise_if_key_not_exists=False,
+            configuration=initial_properties(view, schema), raise_if_key_not_exists=False,
             storage_options=storage.storage_options(view.target),
         )
         log.info("created target table %s", view.target)

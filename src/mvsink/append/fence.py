@@ -54,6 +54,14 @@ def fence_property(view_id: str) -> str:
     return FENCE_PROPERTY + view_id
 
 
+def initial_properties(view, schema) -> dict[str, str]:
+    """The table properties a target of ``view`` (a :class:`~mvsink.view.ViewDefinition` whose
+    output schema is ``schema``) is created with: fenced for its creator's definition."""
+    from mvsink.definition import definition_id
+
+    return {fence_property(view.view_id): definition_id(view, schema)}
+
+
 def fence_of(table: DeltaTable, view_id: str) -> str | None:
     """The definition id the snapshot ``table`` allows to write view ``view_id`` (None: no fence)."""
     return table.metadata().configuration.get(fence_property(view_id))
