@@ -133,6 +133,22 @@ def spark_submit(cluster: Cluster) -> list[str]:
             "--conf", f"spark.executorEnv.PYTHONPATH={ROOT / 'src'}"]
 
 
+#: The environment of a replica's spark-submit.
+REPLICA_ENV = {"SPARK_HOME": str(SPARK_HOME), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+               "PYTHONPATH": str(ROOT / "src"), "SPARK_LOCAL_IP": "127.0.0.1"}
+
+
+def _view_config(tmp_path: Path, view_id: str, src: str, tgt: str) -> tuple[Path, Path]:
+    """The config of a view of ``src``'s change feed through :data:`TRANSFORM`, and a log directory."""
+    (tmp_path / "transform.py").write_text(TRANSFORM)
+    config = write_config(tmp_path / "view.yaml", view_id=view_id, target=tgt, key=["id"],
+                          input={"kind": "changes", "source": src, "map_row": "transform.py:tag",
+                                 "output_schema": "id BIGINT, v STRING"})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    return config, logs
+
+
 def test_two_replicas_on_a_standalone_cluster_one_killed_and_restarted(cluster, s3, tmp_path):
     started = time.monotonic()
     rng = random.Random(10)
@@ -140,15 +156,8 @@ def test_two_replicas_on_a_standalone_cluster_one_killed_and_restarted(cluster, 
     write_deltalake(src, pa.table({"id": pa.array(range(10), pa.int64()), "v": [f"r0-{i}" for i in range(10)]}),
                     configuration={"delta.enableChangeDataFeed": "true"},
                     storage_options=storage.storage_options(src))
-    (tmp_path / "transform.py").write_text(TRANSFORM)
-    config = write_config(tmp_path / "view.yaml", view_id="clusterview", target=tgt, key=["id"],
-                          input={"kind": "changes", "source": src, "map_row": "transform.py:tag",
-                                 "output_schema": "id BIGINT, v STRING"})
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    env = {"SPARK_HOME": str(SPARK_HOME), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "PYTHONPATH": str(ROOT / "src"), "SPARK_LOCAL_IP": "127.0.0.1"}
-    fleet = [Replica(config, f"r{i}", logs, env=env, submit=spark_submit(cluster)).start() for i in range(2)]
+    config, logs = _view_config(tmp_path, "clusterview", src, tgt)
+    fleet = [Replica(config, f"r{i}", logs, env=REPLICA_ENV, submit=spark_submit(cluster)).start() for i in range(2)]
     apps_running: dict[str, int] = {}
 
     def both_on_the_cluster() -> bool:
@@ -210,15 +219,8 @@ def test_an_executor_killed_under_a_running_replica(cluster, tmp_path):
     src, tgt, view_id = str(tmp_path / "orders"), str(tmp_path / "view"), "lostexec"
     write_deltalake(src, pa.table({"id": pa.array(range(10), pa.int64()), "v": [f"r0-{i}" for i in range(10)]}),
                     configuration={"delta.enableChangeDataFeed": "true"})
-    (tmp_path / "transform.py").write_text(TRANSFORM)
-    config = write_config(tmp_path / "view.yaml", view_id=view_id, target=tgt, key=["id"],
-                          input={"kind": "changes", "source": src, "map_row": "transform.py:tag",
-                                 "output_schema": "id BIGINT, v STRING"})
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    env = {"SPARK_HOME": str(SPARK_HOME), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "PYTHONPATH": str(ROOT / "src"), "SPARK_LOCAL_IP": "127.0.0.1"}
-    replica = Replica(config, "x0", logs, env=env, submit=spark_submit(cluster)).start()
+    config, logs = _view_config(tmp_path, view_id, src, tgt)
+    replica = Replica(config, "x0", logs, env=REPLICA_ENV, submit=spark_submit(cluster)).start()
     next_id = [100]
     try:
         wait_for(lambda: caught_up(tgt, view_id), timeout=300, what="the first commits", watch=(replica,))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 from deltalake import DeltaTable
@@ -118,12 +120,32 @@ def test_python_api_blue_never_writes_after_greens_first_commit(spark, tmp_path)
     print(f"blue fenced in round {fenced_at}; writers {writers}")
 
 
-def _configs(tmp_path, src: str, tgt: str):
+@contextmanager
+def _blue_then_green(spark, tmp_path, blue_env: dict | None = None):
+    """Blue (a stand-alone writer, ``blue_env`` in its environment) caught up, then green
+    (read-only, allowed to write once the file ``allow`` exists) hydrated; both stopped after."""
+    src, tgt = _orders(spark, tmp_path), str(tmp_path / "tgt")
+
     def config(name: str, sql: str):
         return write_config(tmp_path / f"{name}.yaml", view_id=VIEW, target=tgt, key=["id"],
                             sources={"orders": src}, input={"kind": "snapshot", "sql": sql})
 
-    return config("blue", BLUE), config("green", GREEN)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    allow = tmp_path / "allow"
+    blue = Replica(config("blue", BLUE), "blue", logs, env=blue_env).start()
+    green = Replica(config("green", GREEN), "green", logs, "--read-only", "--allow-writes-file", str(allow))
+    try:
+        wait_for(lambda: caught_up(tgt, VIEW), timeout=300, what="blue's first commits", watch=(blue,))
+        green.start()
+        wait_for(lambda: "hydration done" in green.logs(), timeout=300, what="green hydrated", watch=(green,))
+        yield SimpleNamespace(src=src, tgt=tgt, logs=logs, allow=allow, blue=blue, green=green)
+        wait_for(lambda: caught_up(tgt, VIEW), timeout=120, what="green to write on", watch=(green,))
+    finally:
+        blue.kill(signal.SIGKILL)
+        green.kill(signal.SIGTERM)
+    _assert_fenced_after_green(tgt)
+    _assert_is_green(spark, src, tgt)
 
 
 def _wait_exit(replica: Replica, timeout: float) -> int:
@@ -139,72 +161,41 @@ def test_blue_with_a_commit_staged_across_the_cutover_then_restarted(spark, tmp_
     """A stand-alone blue still running when green's allow-writes file appears, with a commit
     staged (and its snapshot read) before green's first commit lands and made after it; then
     blue restarted by a supervisor, without --read-only."""
-    src, tgt = _orders(spark, tmp_path), str(tmp_path / "tgt")
-    blue_config, green_config = _configs(tmp_path, src, tgt)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    arm, frozen, resume, allow = (tmp_path / n for n in ("arm", "frozen", "resume", "allow"))
-    blue = Replica(blue_config, "blue", logs, env={
-        "MVSINK_FAILPOINT": "before-commit", "MVSINK_FAILPOINT_ARMED_BY": str(arm),
-        "MVSINK_FAILPOINT_RESUME": str(resume), "MVSINK_FAILPOINT_MARKER": str(frozen)}).start()
-    green = Replica(green_config, "green", logs, "--read-only", "--allow-writes-file", str(allow))
-    try:
-        wait_for(lambda: caught_up(tgt, VIEW), timeout=300, what="blue's first commits", watch=(blue,))
-        green.start()
-        wait_for(lambda: "hydration done" in green.logs(), timeout=300, what="green hydrated", watch=(green,))
+    arm, frozen, resume = (tmp_path / n for n in ("arm", "frozen", "resume"))
+    failpoint = {"MVSINK_FAILPOINT": "before-commit", "MVSINK_FAILPOINT_ARMED_BY": str(arm),
+                 "MVSINK_FAILPOINT_RESUME": str(resume), "MVSINK_FAILPOINT_MARKER": str(frozen)}
+    with _blue_then_green(spark, tmp_path, failpoint) as run:
         arm.touch()
-        _more_orders(spark, src)
-        wait_for(frozen.exists, timeout=120, what="blue to stage a commit", watch=(blue,))
-        allow.touch()
-        wait_for(lambda: _green_committed(tgt), timeout=120, what="green's first commit", watch=(green,))
+        _more_orders(spark, run.src)
+        wait_for(frozen.exists, timeout=120, what="blue to stage a commit", watch=(run.blue,))
+        run.allow.touch()
+        wait_for(lambda: _green_committed(run.tgt), timeout=120, what="green's first commit", watch=(run.green,))
         resume.touch()
-        assert _wait_exit(blue, 120) == EXIT_FENCED, blue.logs()[-3000:]
-        assert "is fenced" in blue.logs()
-        _more_orders(spark, src)
-        wait_for(lambda: caught_up(tgt, VIEW), timeout=120, what="green to write on", watch=(green,))
-        before = len(_commits(tgt))
+        assert _wait_exit(run.blue, 120) == EXIT_FENCED, run.blue.logs()[-3000:]
+        assert "is fenced" in run.blue.logs()
+        _more_orders(spark, run.src)
+        wait_for(lambda: caught_up(run.tgt, VIEW), timeout=120, what="green to write on", watch=(run.green,))
+        before = len(_commits(run.tgt))
         # A supervisor restarts blue as it was: it refuses at start, nothing written.
-        blue.env = {}
-        blue.start()
-        assert _wait_exit(blue, 300) == EXIT_FENCED, blue.logs()[-3000:]
-        restart_log = (logs / "blue-2.log").read_text()
+        run.blue.env = {}
+        run.blue.start()
+        assert _wait_exit(run.blue, 300) == EXIT_FENCED, run.blue.logs()[-3000:]
+        restart_log = (run.logs / "blue-2.log").read_text()
         assert "started without --read-only writes only" in restart_log and "AllowWrites refused" in restart_log
-        assert len(_commits(tgt)) == before
-        _more_orders(spark, src)
-        wait_for(lambda: caught_up(tgt, VIEW), timeout=120, what="green to write on", watch=(green,))
-    finally:
-        blue.kill(signal.SIGKILL)
-        green.kill(signal.SIGTERM)
-    _assert_fenced_after_green(tgt)
-    _assert_is_green(spark, src, tgt)
+        assert len(_commits(run.tgt)) == before
+        _more_orders(spark, run.src)
 
 
 def test_blue_paused_during_the_cutover_is_fenced_when_it_resumes(spark, tmp_path):
     """Blue SIGSTOPped while green is allowed to write and commits, SIGCONTed after."""
-    src, tgt = _orders(spark, tmp_path), str(tmp_path / "tgt")
-    blue_config, green_config = _configs(tmp_path, src, tgt)
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    allow = tmp_path / "allow"
-    blue = Replica(blue_config, "blue", logs).start()
-    green = Replica(green_config, "green", logs, "--read-only", "--allow-writes-file", str(allow))
-    try:
-        wait_for(lambda: caught_up(tgt, VIEW), timeout=300, what="blue's first commits", watch=(blue,))
-        green.start()
-        wait_for(lambda: "hydration done" in green.logs(), timeout=300, what="green hydrated", watch=(green,))
-        _more_orders(spark, src)
-        blue.signal(signal.SIGSTOP)
-        allow.touch()
-        wait_for(lambda: _green_committed(tgt), timeout=120, what="green's first commit", watch=(green,))
-        _more_orders(spark, src)
-        wait_for(lambda: caught_up(tgt, VIEW), timeout=120, what="green to write on", watch=(green,))
-        blue.signal(signal.SIGCONT)
-        _more_orders(spark, src)
-        assert _wait_exit(blue, 120) == EXIT_FENCED, blue.logs()[-3000:]
-        assert "is fenced" in blue.logs()
-        wait_for(lambda: caught_up(tgt, VIEW), timeout=120, what="green to write on", watch=(green,))
-    finally:
-        blue.kill(signal.SIGKILL)
-        green.kill(signal.SIGTERM)
-    _assert_fenced_after_green(tgt)
-    _assert_is_green(spark, src, tgt)
+    with _blue_then_green(spark, tmp_path) as run:
+        _more_orders(spark, run.src)
+        run.blue.signal(signal.SIGSTOP)
+        run.allow.touch()
+        wait_for(lambda: _green_committed(run.tgt), timeout=120, what="green's first commit", watch=(run.green,))
+        _more_orders(spark, run.src)
+        wait_for(lambda: caught_up(run.tgt, VIEW), timeout=120, what="green to write on", watch=(run.green,))
+        run.blue.signal(signal.SIGCONT)
+        _more_orders(spark, run.src)
+        assert _wait_exit(run.blue, 120) == EXIT_FENCED, run.blue.logs()[-3000:]
+        assert "is fenced" in run.blue.logs()

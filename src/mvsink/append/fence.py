@@ -108,13 +108,11 @@ class Fence:
             return
         current = fence_of(table, self.view_id) if table is not None else None
         if not cutover and current not in (None, self.definition):
-            self.reason = (
+            self._fence(DefinitionRefused, (
                 f"view {self.view_id!r}: replica {self.replica_id} has definition {self.definition}, but "
                 f"{self.uri} is written by definition {current} (table version {table.version()}, "
                 f"property {fence_property(self.view_id)}); a replica started without --read-only "
-                f"writes only its table's current definition, so it writes nothing; {CUTOVER}")
-            log.error("%s", self.reason)
-            raise DefinitionRefused(self.reason)
+                f"writes only its table's current definition, so it writes nothing; {CUTOVER}"))
         self.writing, self.may_raise = True, cutover
         if current == self.definition:
             self.held = True
@@ -129,14 +127,18 @@ class Fence:
             self.held = True
         elif current is not None and self.writing and (self.held or not self.may_raise):
             how = "after it held it" if self.held else "and it was not promoted by a cutover"
-            self.reason = (
+            self._fence(Fenced, (
                 f"view {self.view_id!r}: replica {self.replica_id} (definition {self.definition}) is fenced: "
                 f"{self.uri} is written by definition {current} since table version {table.version()} or "
                 f"earlier ({how}); it never writes again. Stop it; to run this definition again, start it "
-                f"--read-only and allow writes (a cutover back)")
-            log.error("%s", self.reason)
-            raise Fenced(self.reason)
+                f"--read-only and allow writes (a cutover back)"))
         return current
+
+    def _fence(self, error: type[Fenced], reason: str) -> None:
+        """Fence this replica for good, for ``reason``: log it, raise ``error``."""
+        self.reason = reason
+        log.error("%s", reason)
+        raise error(reason)
 
     def must_raise(self, table: DeltaTable) -> bool:
         """Before a commit based on ``table``'s snapshot: whether the fence must first be raised
