@@ -11,10 +11,11 @@ Who may commit (:class:`Fence`, one per replica of a view):
 
 * a read-only replica commits nothing and is never fenced; it computes whatever the fence is;
 * a replica *started as a writer* (without ``--read-only``) may commit only on snapshots whose
-  fence is its own definition (or none: its commit records it). Started on a table fenced for
-  another definition it refuses (:class:`DefinitionRefused`), nothing written;
-* a replica *promoted* (started read-only, then allowed to write: a cutover) may raise the fence
-  to its own definition with its first commit, whatever definition held it;
+  fence is its own definition (on a table with none, its first append raises it). Started on a
+  table fenced for another definition it refuses (:class:`DefinitionRefused`), nothing written;
+* a replica *promoted* (started read-only, then allowed to write: a cutover; a view created on
+  a replica so promoted too) may raise the fence to its own definition: its first append first
+  makes a commit of its own (reason ``fence``) that sets the property, then appends;
 * a writing replica that finds the fence held by another definition after it held it itself (or
   without having been promoted) is *fenced* (:class:`Fenced`): it never writes again.
 
