@@ -245,6 +245,7 @@ def test_an_executor_killed_under_a_running_replica(cluster, tmp_path):
     assert len(commit_ids) == len(set(commit_ids)), "no commit made twice"
     log = replica.logs()
     how = [line[:240] for line in log.splitlines()
-           if re.search(r"lost|recovered|hydration (started|done)|failed \(\d+ in a row\)", line)]
+           if re.search(r"lost|recovered|hydration (started|done)|failed \(\d+ in a row\)", line, re.IGNORECASE)]
+    assert re.search(r"lost executor|executor \d+ .*(removed|exited)", log, re.IGNORECASE), "the driver saw it go"
     print(f"executor {executor} of {app} killed; new executor {new}; caught up {recovered_in:.0f}s after the "
           f"kill; {time.monotonic() - started:.0f}s in all: {result.summary()}\n  " + "\n  ".join(how[-12:]))
