@@ -140,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         server.stop(grace=2)
     if metrics is not None:
         metrics.stop()
-    state.shutdown()
+    try:
+        state.shutdown()
+    except Exception as exc:  # e.g. SIGTERM to the whole group: Spark's JVM stopped first
+        log.warning("stopping the views' queries failed (%s); Spark is gone already, nothing is lost",
+                    str(exc).splitlines()[0][:200])
     log.info("replica %s stopped", replica_id)
     return exit_code
 
