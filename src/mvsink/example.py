@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -287,8 +288,10 @@ def _report_view(target: str, view_id: str, columns: list[str], expected, damage
         who = h.get("mvsink.replica", f"foreign {h.get('operation')}")
         what = f"[{h['mvsink.lower']}, {h['mvsink.upper']}) {h['mvsink.reason']}" if "mvsink.view" in h else ""
         bad = result.bad_times.get(version, [])
-        damage = max((v for v in foreign if v <= version), default=None)
-        unrepaired = damage is not None and not any(damage < v <= version for v in repairs)
+        # Damage not yet repaired: a foreign commit no repair commit up to this version names.
+        repaired = {int(f) for v in repairs if v <= version for f in _listed(history[v].get("mvsink.repairs"))}
+        damage = max((v for v in foreign if v <= version and v not in repaired), default=None)
+        unrepaired = damage is not None
         if not bad:
             verdict = "equals the view at every time below its upper"
         elif unrepaired:
@@ -305,6 +308,13 @@ def _report_view(target: str, view_id: str, columns: list[str], expected, damage
     if not ok:
         print(f"{view_id}: wrong versions {wrong}, repairs {repairs}, writers {sorted(writers)}")
     return ok
+
+
+def _listed(value) -> list:
+    """A list from commit info (delta-rs may hand it over as JSON text)."""
+    if isinstance(value, str):
+        return json.loads(value)
+    return list(value or [])
 
 
 def _check_cutover(source: str, target: str, timeline: str, new_replica: str) -> int:
