@@ -16,6 +16,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,13 +26,13 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 from pyspark.find_spark_home import _find_spark_home
 
-from helpers import (ROOT, S3_BUCKET, Replica, free_port, kill_group, run_with_a_kill, s3_server_fixture,
-                     wait_for, write_config)
+from helpers import (ROOT, S3_BUCKET, Replica, free_port, kill_group, run_with_a_kill, s3_edit,
+                     s3_server_fixture, wait_for, write_config)
 from mvsink import storage
-from mvsink.check import check_table, expected_from_source
+from mvsink.check import caught_up, check_table, expected_from_source
 from mvsink.spark import delta_jars, s3a_jars
 from mvsink.view import resolve_function
 
@@ -132,6 +133,22 @@ def spark_submit(cluster: Cluster) -> list[str]:
             "--conf", f"spark.executorEnv.PYTHONPATH={ROOT / 'src'}"]
 
 
+#: The environment of a replica's spark-submit.
+REPLICA_ENV = {"SPARK_HOME": str(SPARK_HOME), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+               "PYTHONPATH": str(ROOT / "src"), "SPARK_LOCAL_IP": "127.0.0.1"}
+
+
+def _view_config(tmp_path: Path, view_id: str, src: str, tgt: str) -> tuple[Path, Path]:
+    """The config of a view of ``src``'s change feed through :data:`TRANSFORM`, and a log directory."""
+    (tmp_path / "transform.py").write_text(TRANSFORM)
+    config = write_config(tmp_path / "view.yaml", view_id=view_id, target=tgt, key=["id"],
+                          input={"kind": "changes", "source": src, "map_row": "transform.py:tag",
+                                 "output_schema": "id BIGINT, v STRING"})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    return config, logs
+
+
 def test_two_replicas_on_a_standalone_cluster_one_killed_and_restarted(cluster, s3, tmp_path):
     started = time.monotonic()
     rng = random.Random(10)
@@ -139,15 +156,8 @@ def test_two_replicas_on_a_standalone_cluster_one_killed_and_restarted(cluster, 
     write_deltalake(src, pa.table({"id": pa.array(range(10), pa.int64()), "v": [f"r0-{i}" for i in range(10)]}),
                     configuration={"delta.enableChangeDataFeed": "true"},
                     storage_options=storage.storage_options(src))
-    (tmp_path / "transform.py").write_text(TRANSFORM)
-    config = write_config(tmp_path / "view.yaml", view_id="clusterview", target=tgt, key=["id"],
-                          input={"kind": "changes", "source": src, "map_row": "transform.py:tag",
-                                 "output_schema": "id BIGINT, v STRING"})
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    env = {"SPARK_HOME": str(SPARK_HOME), "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "PYTHONPATH": str(ROOT / "src"), "SPARK_LOCAL_IP": "127.0.0.1"}
-    fleet = [Replica(config, f"r{i}", logs, env=env, submit=spark_submit(cluster)).start() for i in range(2)]
+    config, logs = _view_config(tmp_path, "clusterview", src, tgt)
+    fleet = [Replica(config, f"r{i}", logs, env=REPLICA_ENV, submit=spark_submit(cluster)).start() for i in range(2)]
     apps_running: dict[str, int] = {}
 
     def both_on_the_cluster() -> bool:
@@ -184,3 +194,58 @@ def test_two_replicas_on_a_standalone_cluster_one_killed_and_restarted(cluster, 
     for name in {a["name"] for a in apps}:
         ids = [a["id"] for a in apps if a["name"] == name]
         assert any(python_tasks_ran(cluster, i) for i in ids), f"{name} ({ids}) ran no Python task"
+
+
+def _executors(app_id: str) -> list[int]:
+    """Pids of the executor JVMs of application ``app_id`` on this machine."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmdline and app_id.encode() in cmdline:
+                pids.append(int(entry))
+    return pids
+
+
+def test_an_executor_killed_under_a_running_replica(cluster, tmp_path):
+    """Issue 26: the replica's one executor (holding its locally checkpointed state) is killed
+    with SIGKILL while the source changes; the master gives the application a new one, the
+    replica goes on by itself, and the table is exact at every version, no commit made twice."""
+    started = time.monotonic()
+    rng = random.Random(26)
+    src, tgt, view_id = str(tmp_path / "orders"), str(tmp_path / "view"), "lostexec"
+    write_deltalake(src, pa.table({"id": pa.array(range(10), pa.int64()), "v": [f"r0-{i}" for i in range(10)]}),
+                    configuration={"delta.enableChangeDataFeed": "true"})
+    config, logs = _view_config(tmp_path, view_id, src, tgt)
+    replica = Replica(config, "x0", logs, env=REPLICA_ENV, submit=spark_submit(cluster)).start()
+    next_id = [100]
+    try:
+        wait_for(lambda: caught_up(tgt, view_id), timeout=300, what="the first commits", watch=(replica,))
+        (app,) = wait_for(lambda: active_apps(cluster, "mvsink-x0"), timeout=60, what="the application")
+        (executor,) = wait_for(lambda: _executors(app), timeout=60, what="the executor")
+        s3_edit(src, rng, 1, next_id)  # the next step reads it, likely while the executor dies
+        os.kill(executor, signal.SIGKILL)
+        killed_at = time.monotonic()
+        for version in range(2, 8):
+            s3_edit(src, rng, version, next_id)
+            time.sleep(rng.uniform(0.3, 1.2))
+        wait_for(lambda: caught_up(tgt, view_id), timeout=300, what="the view to catch up", watch=(replica,))
+        recovered_in = time.monotonic() - killed_at
+        new = wait_for(lambda: [p for p in _executors(app) if p != executor], timeout=60, what="a new executor")
+        assert replica.alive()
+    finally:
+        replica.kill(signal.SIGTERM)
+    tag = resolve_function("transform.py:tag", tmp_path)
+    result = check_table(tgt, view_id, ["id", "v"], expected_from_source(src, ["id", "v"], tag, timeline=tgt + "_timeline"))
+    assert result.ok, result.problems[:5]
+    commit_ids = [h["mvsink.commit"] for h in DeltaTable(tgt).history() if h.get("mvsink.view") == view_id]
+    assert len(commit_ids) == len(set(commit_ids)), "no commit made twice"
+    log = replica.logs()
+    how = [line[:240] for line in log.splitlines()
+           if re.search(r"lost|recovered|hydration (started|done)|failed \(\d+ in a row\)", line, re.IGNORECASE)]
+    assert re.search(r"lost executor|executor \d+ .*(removed|exited)", log, re.IGNORECASE), "the driver saw it go"
+    print(f"executor {executor} of {app} killed; new executor {new}; caught up {recovered_in:.0f}s after the "
+          f"kill; {time.monotonic() - started:.0f}s in all: {result.summary()}\n  " + "\n  ".join(how[-12:]))

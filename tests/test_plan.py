@@ -102,8 +102,13 @@ def test_the_plan_is_what_the_promoted_replica_commits_first(spark, tmp_path):
         assert latest_version(tgt) == version and not commits_by(tgt, "green")
 
         mvsink("cutover", VIEW, "--old", blue.address, "--new", green.address, "--max-plan-rows", "5")
-        first = wait_for(lambda: commits_by(tgt, "green"), timeout=120, what="green's first commit",
-                         watch=(green,))[-1]
+        # Green's first commit raises the fence to its definition (issue 26), writing nothing;
+        # the next one writes the plan.
+        fence, *_ = wait_for(lambda: commits_by(tgt, "green"), timeout=120, what="green's first commit",
+                             watch=(green,))[::-1]
+        assert fence["mvsink.reason"] == "fence" and not written_updates(tgt, fence["version"])
+        first = wait_for(lambda: [c for c in commits_by(tgt, "green") if c["mvsink.reason"] != "fence"],
+                         timeout=120, what="green's first commit that writes", watch=(green,))[-1]
         assert (int(first["mvsink.lower"]), int(first["mvsink.upper"])) == (upper, upper + 1), first
         planned_change = Counter()
         for (id_, v, _error, _time, diff), n in planned.items():

@@ -84,19 +84,35 @@ class ExampleReplica:
         self.proc = subprocess.Popen(
             [*_spark_submit(), str(job), "--config", str(config), "--listen", self.address,
              "--replica-id", name, "--trigger-seconds", "1", *flags],
-            stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT, env=env,
+            stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
         log.info("started replica %s (pid %d) on %s, log %s", name, self.proc.pid, self.address,
                  self.log_path)
 
     def stop(self) -> None:
+        """SIGTERM to spark-submit (as ``kill $BLUE`` does); the job ends with it. Whatever of the
+        replica's process group is left after that (nothing, normally) is killed."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
+        deadline = time.monotonic() + 10
+        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the job ends by itself once spark-submit has
+        if _group_alive(self.proc.pid):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         log.info("stopped replica %s", self.name)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _change_source(spark, source: str, rng: random.Random, step: int, next_id: list[int],

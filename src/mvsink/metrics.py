@@ -42,6 +42,7 @@ METRICS = {
                                     "layout; -1 in the update layout)."),
     "mvsink_step_seconds": ("gauge", "Duration of the last step."),
     "mvsink_read_only": ("gauge", "1 while the replica is read-only."),
+    "mvsink_fenced": ("gauge", "1 once another definition of the view holds the fence: this replica never writes again."),
     "mvsink_phase_seconds_total": ("counter", "Seconds spent in each phase of the steps (see mvsink.step_profile)."),
     "mvsink_phase_spark_jobs_total": ("counter", "Spark jobs run in each phase of the steps."),
     "mvsink_hydrating": ("gauge", "1 while a hydration runs."),
@@ -111,6 +112,7 @@ def render(views: dict) -> str:
             "mvsink_timeline_upper": m.timeline_upper, "mvsink_correction_updates": m.corrections,
             "mvsink_step_seconds": m.step_seconds, "mvsink_read_only": int(mv.read_only),
             "mvsink_view_errors": m.view_errors(mv),
+            "mvsink_fenced": int(mv.fenced is not None),
             **hydration_values(mv.hydration),
         }
         for name, value in values.items():

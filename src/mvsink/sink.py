@@ -53,10 +53,12 @@ from pyspark.sql import functions as F
 from mvsink import layout, storage
 from mvsink.append import (META_HISTORY, META_READBACK, REASON_CORRECTION, REASON_PROGRESS,
                            REASON_REPAIR, Shard, compare_and_append)
+from mvsink.append.fence import Fence, Fenced
 from mvsink.append.retention import Retention, Upkeep
 from mvsink.cleanup import clean_orphans
-from mvsink.correction import CorrectionBuffer, checkpointed
+from mvsink.correction import CorrectionBuffer, checkpointed, state_lost
 from mvsink.correction.readback import ReadBack, ReadBackError
+from mvsink.definition import definition_id
 from mvsink.hydration import Hydration
 from mvsink.layout import META_ERRORS, TABLE
 from mvsink.inputs import Changes, desired_for
@@ -146,6 +148,14 @@ class MaterializedView:
         validate_target(spark, view, self.schema, self.layout)
         self._check_times(table_upper)
         self.minter = Minter(view.as_of, view.read_only)
+        #: The view's definition id (:mod:`mvsink.definition`); the shard writes only under it.
+        self.definition = definition_id(view, self.schema)
+        self.shard.fence = Fence(view.target, view.view_id, self.definition, view.replica_id)
+        if not view.read_only:
+            self.shard.fence.allow_writes(self._latest_table(), cutover=False)
+        log.info("view %s (replica %s): definition %s", view.view_id, view.replica_id, self.definition)
+        #: When held state was lost with an executor (monotonic seconds); None once hydrated again.
+        self._state_lost_at: float | None = None
         self.upkeep = Upkeep(Retention.parse(view.retain_history))
         self.metrics = ViewMetrics()
         self.correction = CorrectionBuffer(spark, self.schema)
@@ -172,9 +182,24 @@ class MaterializedView:
     def read_only(self) -> bool:
         return self.minter.read_only
 
-    def allow_writes(self) -> None:
-        """Leave read-only mode for good; the next step may write."""
+    def allow_writes(self, cutover: bool = True) -> None:
+        """Leave read-only mode for good; the next step may write.
+
+        ``cutover`` (an operator's allow-writes): the first commit raises the fence to this
+        view's definition. Without it (a replica started as a writer) the table must be fenced
+        for this definition or none: otherwise :class:`~mvsink.append.fence.DefinitionRefused`,
+        and the view stays read-only and is fenced (:mod:`mvsink.append.fence`)."""
+        if self.read_only:
+            self.shard.fence.allow_writes(self._latest_table(), cutover)
         self.minter.allow_writes()
+
+    @property
+    def fenced(self) -> str | None:
+        """Why this replica may never write again (another definition holds the fence), or None."""
+        return self.shard.fence.reason
+
+    def _latest_table(self):
+        return self.shard.table() if latest_version(self.view.target) is not None else None
 
     @property
     def steps(self) -> int:
@@ -235,6 +260,13 @@ class MaterializedView:
             except BaseException as exc:
                 if self.hydration.running:
                     self.hydration.abort(exc)
+                if isinstance(exc, Fenced):
+                    self.minter.read_only = True  # for good: allow_writes refuses a fenced view
+                elif state_lost(exc):
+                    log.warning("view %s: state held on an executor was lost with it; dropping all held state, "
+                                "the next step hydrates again: %s", self.view.view_id, str(exc).splitlines()[0][:300])
+                    self._forget()
+                    self._state_lost_at = self._state_lost_at or time.monotonic()
                 raise
 
     def _step(self) -> StepReport:
@@ -279,6 +311,10 @@ class MaterializedView:
             with profile.phase("upkeep"):
                 self.upkeep.run(self)
         self._steps += 1
+        if self._state_lost_at is not None and self.desired_frontier is not None:
+            log.warning("view %s: recovered from the lost executor state in %.1fs by hydrating again at time %d",
+                        self.view.view_id, time.monotonic() - self._state_lost_at, self.desired_frontier - 1)
+            self._state_lost_at = None
         if not self.read_only and (self._steps == 1 or self._steps % _CLEANUP_EVERY == 0):
             with profile.phase("upkeep"):
                 clean_orphans(self.shard, self.orphan_grace_seconds)

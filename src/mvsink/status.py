@@ -4,8 +4,9 @@ No connection to any job is needed, so it works for a stand-alone job as for a c
 for none: the view's upper and since, the table's version, the timeline's upper and the wall clock
 of its latest time, each source's latest version and its lag behind the latest time (in versions
 and seconds, :func:`mvsink.metrics.source_lag`), and the view's last commit (version, time, replica,
-reason, its range and the foreign commits it repaired); in the table layout, the view's errors at
-its latest commit.
+reason, its range, the foreign commits it repaired, its definition id), the view's fence: the
+definition allowed to write it (:mod:`mvsink.append.fence`), and in the table layout the view's
+errors at its latest commit.
 
 Invariants: it only reads (delta-rs and the log files, no Spark); a target that is not an mvsink
 view, or a view id the table does not know, is a :class:`~mvsink.view.ConfigError` naming it.
@@ -13,7 +14,8 @@ view, or a view id the table does not know, is a :class:`~mvsink.view.ConfigErro
 
 from __future__ import annotations
 
-from mvsink.append import META_LOWER, META_REASON, META_REPAIRS, META_REPLICA, META_UPPER, META_VIEW
+from mvsink.append import META_DEFINITION, META_LOWER, META_REASON, META_REPAIRS, META_REPLICA, META_UPPER, META_VIEW
+from mvsink.append.fence import fence_of
 from mvsink.check import table_at
 from mvsink.layout import TABLE, error_files, error_messages, layout_of
 from mvsink.metrics import source_lag
@@ -56,6 +58,7 @@ def table_status(target: str, view_id: str | None = None, timeline: str | None =
         "table_version": table.version(),
         "upper": view_upper(target, view_id),
         "since": since_of(table, view_id),
+        "fence": fence_of(table, view_id),
         "timeline": timeline_path,
         "timeline_upper": times.upper,
         "latest_time_minted_at_ms": latest.minted_at if latest is not None else None,
@@ -66,7 +69,7 @@ def table_status(target: str, view_id: str | None = None, timeline: str | None =
         "last_commit": {"version": last.get("version"), "timestamp_ms": last.get("timestamp"),
                         "replica": last.get(META_REPLICA), "reason": last.get(META_REASON),
                         "lower": _int(last.get(META_LOWER)), "upper": _int(last.get(META_UPPER)),
-                        "repairs": last.get(META_REPAIRS) or []},
+                        "repairs": last.get(META_REPAIRS) or [], "definition": last.get(META_DEFINITION)},
     }
 
 

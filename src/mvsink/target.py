@@ -19,6 +19,7 @@ from mvsink import storage
 from mvsink.layout import LAYOUT_PROPERTY, TABLE, stored_schema
 from mvsink.table import latest_version, spark_uri
 from mvsink.view import ConfigError, ViewDefinition
+from mvsink.append.fence import initial_properties
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,8 @@ def create_target(view: ViewDefinition, schema: T.StructType, layout: str | None
         DeltaTable.create(
             storage.delta_uri(view.target), schema=to_arrow_schema(stored_schema(layout, schema)),
             mode="ignore", name=view.view_id, description=f"mvsink view {view.view_id}",
-            configuration={LAYOUT_PROPERTY: layout}, raise_if_key_not_exists=False,
+            configuration={LAYOUT_PROPERTY: layout, **initial_properties(view, schema)},
+            raise_if_key_not_exists=False,
             storage_options=storage.storage_options(view.target),
         )
         log.info("created target table %s (%s layout)", view.target, layout)

@@ -31,7 +31,14 @@ Outcomes:
   read-back finds the drift for the next commit to repair.
 
 Every commit records in its commit info: view, replica, lower, upper, why it was made, which
-foreign commits it repairs, and a unique id of the commit attempt (``mvsink.commit``).
+foreign commits it repairs, a unique id of the commit attempt (``mvsink.commit``), and the
+definition id of the replica's view (``mvsink.definition``, :mod:`mvsink.definition`).
+
+The fence (:mod:`mvsink.append.fence`) is part of the compare: a shard with a fence commits only
+on a snapshot whose fence (a table property) is its own definition, checked on the snapshot the
+commit is based on. A promoted replica whose definition does not hold the fence first raises it,
+with a commit of its own (reason ``fence``: the property set, the txn kept where it is), then
+appends; a replica fenced out raises :class:`~mvsink.append.fence.Fenced` and commits nothing.
 
 A compaction (:mod:`mvsink.append.compact`) commits through the same path: it keeps the txn where
 it is (`lower == upper`), so it too conflicts with every concurrent commit of the view.
@@ -57,6 +64,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from mvsink import failpoints, storage, table as delta_table
+from mvsink.append.fence import Fence, fence_property
 from mvsink.append.guard import UpperHistory, check_supported
 from mvsink.mint import Description
 from mvsink.write import StagedBatch
@@ -78,12 +86,15 @@ META_SINCE = "mvsink.since"
 META_READBACK = "mvsink.readback"
 #: Set by repairs: how many updates the commit wrote below its lower, restoring history.
 META_HISTORY = "mvsink.history_updates"
+#: The definition id of the committing replica's view (:mod:`mvsink.definition`).
+META_DEFINITION = "mvsink.definition"
 
 REASON_CORRECTION = "correction"
 REASON_REPAIR = "repair"
 REASON_PROGRESS = "progress"
 REASON_ADVANCE_UPPER = "advance-upper"
 REASON_COMPACTION = "compaction"
+REASON_FENCE = "fence"
 
 _MAX_FOREIGN_CONFLICTS = 20
 
@@ -115,6 +126,9 @@ class Shard:
         #: Prefix of the failpoints its appends hit (``before-commit``, ``after-commit``).
         self.failpoint_prefix = failpoint_prefix
         self.history = UpperHistory(target, app_id, view_id)
+        #: Which definition may write (:mod:`mvsink.append.fence`); None: no fencing (tests that
+        #: drive a shard directly).
+        self.fence: Fence | None = None
 
     def table(self, version: int | None = None) -> DeltaTable:
         """The table (latest, checked by the guard; or at ``version``), loaded with retries on
@@ -124,6 +138,8 @@ class Shard:
             storage_options=storage.storage_options(self.target))
         if version is None:
             check_supported(table, self.target)
+            if self.fence is not None:
+                self.fence.observe(table)
         return table
 
     def upper_of(self, table: DeltaTable) -> int:
@@ -179,6 +195,8 @@ class Shard:
         ``since`` is recorded as :data:`META_SINCE`, ``extra`` (``mvsink.*`` keys) as given. Returns
         the commit's id (``mvsink.commit``).
         """
+        if self.fence is not None:
+            self.fence.check(table)
         commit_id = commit_id or uuid.uuid4().hex
         now = int(time.time() * 1000)
         actions = [
@@ -201,12 +219,33 @@ class Shard:
         metadata.update(extra or {})
         table.create_write_transaction(
             actions, mode="append", schema=table.schema(),
-            commit_properties=CommitProperties(
-                custom_metadata=metadata,
-                app_transactions=[Transaction(app_id=self.app_id, version=upper, last_updated=now)],
-            ),
+            commit_properties=self._commit_properties(metadata, upper, now),
         )
         return commit_id
+
+    def raise_fence(self, table: DeltaTable, upper: int) -> str:
+        """One commit based on ``table``'s snapshot that sets the fence to this shard's definition,
+        keeping the txn at ``upper`` (the snapshot's): a metadata change, so every concurrent
+        commit conflicts with it, and it with them. Returns its id."""
+        commit_id = uuid.uuid4().hex
+        metadata = {META_VIEW: self.view_id, META_REPLICA: self.replica_id, META_LOWER: upper,
+                    META_UPPER: upper, META_REASON: REASON_FENCE, META_REPAIRS: [], META_COMMIT: commit_id}
+        table.alter.set_table_properties(
+            {fence_property(self.view_id): self.fence.definition}, raise_if_not_exists=False,
+            commit_properties=self._commit_properties(metadata, upper, int(time.time() * 1000)))
+        self.fence.held = True
+        log.warning("view %s: definition %s raised the fence of %s at upper %d (was %s)", self.view_id,
+                    self.fence.definition, self.target, upper,
+                    table.metadata().configuration.get(fence_property(self.view_id)) or "none")
+        return commit_id
+
+    def _commit_properties(self, metadata: dict, upper: int, now: int) -> CommitProperties:
+        if self.fence is not None:
+            metadata = {**metadata, META_DEFINITION: self.fence.definition}
+        return CommitProperties(
+            custom_metadata=metadata,
+            app_transactions=[Transaction(app_id=self.app_id, version=upper, last_updated=now)],
+        )
 
 
 def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | None,
@@ -233,6 +272,9 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
                     log.warning("appended %s at version %d: the commit landed though its reply was "
                                 "lost", desc, version)
                     return AppendResult(True, desc.upper, frozenset(attempt_ids))
+            if current <= desc.lower and shard.fence is not None and shard.fence.must_raise(table):
+                shard.raise_fence(table, current)
+                continue
             if current < desc.lower:
                 log.info("upper %d is behind %s: advancing it first", current, desc)
                 shard.commit(table, current, desc.lower, REASON_ADVANCE_UPPER)

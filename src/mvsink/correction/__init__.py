@@ -41,6 +41,19 @@ log = logging.getLogger(__name__)
 _GC_EVERY = 50
 
 
+#: What Spark says when a job needs a local checkpoint's block that died with its executor.
+_LOST_BLOCK = ("Checkpoint block", "BlockNotFoundException", "ExecutorLostFailure",
+               "executor that originally checkpointed")
+
+
+def state_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Spark job failing for a local checkpoint's block lost with its
+    executor: the held state (buffer, held changes) is gone and cannot be recomputed (its lineage
+    was cut), so the replica must drop it and hydrate again."""
+    text = str(exc)
+    return any(marker in text for marker in _LOST_BLOCK)
+
+
 def checkpointed(frame: DataFrame) -> tuple[DataFrame, int]:
     """``frame`` kept in Spark's block manager (a local checkpoint, its lineage cut) and its row
     count, in one Spark job: the count of the checkpoint's own rows, where ``DataFrame.count``

@@ -120,7 +120,9 @@ def print_status(controller: Controller) -> None:
         frontier = controller.frontiers.get(view_id, view["frontier"])
         print(f"  view {view_id}: {_hydration(view)}, frontier {frontier}, "
               f"since {view['since']}, {'running' if view['scheduled'] else 'not scheduled'}, "
-              f"{view['steps']} steps" + (f", FAILED: {view['failed']}" if view["failed"] else ""))
+              f"{view['steps']} steps" + (f", definition {view['definition']}" if view.get("definition") else "")
+              + (f", FENCED: {view['fenced']}" if view.get("fenced") else "")
+              + (f", FAILED: {view['failed']}" if view["failed"] and not view.get("fenced") else ""))
     if not status.views:
         print("  no views")
 
@@ -161,7 +163,10 @@ def print_table_status(status: dict, as_json: bool) -> None:
             if last["timestamp_ms"] else "an unknown time")
     print(f"  last commit: version {last['version']} at {when} by {last['replica']}, "
           f"{last['reason']} [{last['lower']}, {last['upper']})"
-          + (f", repairs versions {last['repairs']}" if last["repairs"] else ""))
+          + (f", repairs versions {last['repairs']}" if last["repairs"] else "")
+          + (f", definition {last['definition']}" if last.get("definition") else ""))
+    if status.get("fence"):
+        print(f"  fence: definition {status['fence']} writes the view")
 
 
 def _hydration(view: dict) -> str:

@@ -10,10 +10,17 @@ The job holds one :class:`~mvsink.replica.state.ComputeState` and drives it with
 
 Without ``--read-only`` the replica allows writes itself once initialized; with it, it computes
 and writes nothing until ``AllowWrites`` (from a controller, ``SIGUSR1``, or the file given with
-``--allow-writes-file`` appearing); it never goes back. ``SIGTERM``/``SIGINT`` stop the views'
-queries between steps and end the job.
+``--allow-writes-file`` appearing); it never goes back. Allowing writes that way is a cutover:
+the view's first commit fences every other definition of it (:mod:`mvsink.append.fence`).
+``SIGTERM``/``SIGINT`` stop the views' queries between steps and end the job.
 
-Exit codes: 0 stopped on request, 2 bad configuration (nothing written), 1 any other failure.
+Under ``spark-submit`` the job (the Python driver) is a child of the spark-submit JVM and needs
+it: when that process ends, however it was stopped (``SIGTERM``, ``SIGKILL``), the job ends
+too, at once, and its protocol port with it.
+
+Exit codes: 0 stopped on request, 2 bad configuration (nothing written), 3 fenced: another
+definition of the view writes its target, this job's never will (:data:`EXIT_FENCED`), 1 any
+other failure.
 """
 
 from __future__ import annotations
@@ -33,6 +40,12 @@ from mvsink.replica.state import ComputeState, LogConnection
 from mvsink.view import ConfigError, default_replica_id, shared_spec, spec_from_yaml
 
 log = logging.getLogger("mvsink.replica")
+
+#: The exit code of a stand-alone job whose view is fenced (or refused at start) because another
+#: definition of the view writes its target.
+EXIT_FENCED = 3
+#: The exit code of a job under spark-submit whose spark-submit process is gone.
+EXIT_PARENT_GONE = 143
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -65,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
+    _end_with_spark_submit()
     spec = None
     metrics = None
     try:
@@ -94,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             state.handle(own, command)
         if own.errors:
             state.shutdown()
-            return 2 if own.errors[0].message.startswith("bad configuration") else 1
+            message = own.errors[0].message
+            return EXIT_FENCED if message.startswith("fenced") else 2 if message.startswith("bad configuration") else 1
     if metrics is not None:
         metrics.start(lambda: {view_id: running.view for view_id, running in list(state.views.items())})
     server = None
@@ -110,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
             allow_writes.set()
         if allow_writes.is_set() and state.read_only and state.instance is not None:
             state.allow_writes()
+        fenced = state.fenced()
+        if fenced and not args.listen:
+            log.error("fenced, exiting with code %d: %s", EXIT_FENCED, fenced)
+            exit_code = EXIT_FENCED
+            break
         failures = state.failures()
         if failures and not args.listen:
             log.error("the view's query failed: %s", failures)
@@ -120,6 +140,32 @@ def main(argv: list[str] | None = None) -> int:
         server.stop(grace=2)
     if metrics is not None:
         metrics.stop()
-    state.shutdown()
+    try:
+        state.shutdown()
+    except Exception as exc:  # e.g. SIGTERM to the whole group: Spark's JVM stopped first
+        log.warning("stopping the views' queries failed (%s); Spark is gone already, nothing is lost",
+                    str(exc).splitlines()[0][:200])
     log.info("replica %s stopped", replica_id)
     return exit_code
+
+
+def _end_with_spark_submit() -> None:
+    """Under spark-submit (its JVM is this process's parent, and Spark's gateway): end this
+    process as soon as that parent is gone. Nothing is lost by ending at once: without its JVM
+    the job can do nothing, and a commit cut short either landed or did not (like ``kill -9``).
+    A job started by ``python mvsink_job.py`` owns its JVM and outlives its parent."""
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return
+    # Polled, not prctl(PR_SET_PDEATHSIG): that signal comes when the JVM *thread* that started
+    # this process ends, which need not be the JVM's end.
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        log.error("spark-submit (pid %d) is gone: the job ends with it", parent)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(EXIT_PARENT_GONE)
+
+    threading.Thread(target=watch, name="mvsink-parent-watch", daemon=True).start()

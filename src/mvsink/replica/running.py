@@ -99,5 +99,7 @@ class RunningView:
             "hydrations": self.view.hydrations,
             "steps": self.view.steps,
             "read_only": self.view.read_only,
+            "definition": self.view.definition,
+            "fenced": self.view.fenced,
             "failed": self.failure(),
         }

@@ -10,7 +10,11 @@ and are handled one at a time, in order. Stages are enforced per connection:
 3. computation, read-only: nothing is written;
 4. computation, read-write, after ``AllowWrites``; writability is the replica's, there is no way
    back, and it survives reconnects. A replica started without ``--read-only`` allows writes
-   itself when it first completes initialization.
+   itself when it first completes initialization; as a writer from the start, it writes only
+   under its view's current definition (:mod:`mvsink.append.fence`): a view whose table is
+   fenced for another definition is refused (an :class:`Error` starting ``fenced:``) and stays
+   read-only until its query stops. An ``AllowWrites`` is a cutover: each view's first commit
+   raises the fence to its definition, also for views created on the replica after it.
 
 A command out of order, for an unknown view, or with bad arguments is answered with an
 :class:`Error` and changes nothing.
@@ -40,6 +44,7 @@ from mvsink.replica.protocol import (AllowCompaction, AllowWrites, CancelPeek, C
                                      PlanResponse, ProtocolError, Schedule, Status, UpdateConfiguration)
 from mvsink.replica.plan import answer_plan
 from mvsink.replica.running import RunningView
+from mvsink.append.fence import Fenced
 from mvsink.sink import MaterializedView
 from mvsink.view import ConfigError, view_from_spec
 
@@ -112,6 +117,8 @@ class ComputeState:
         self._send_lock = threading.Lock()
         self._reported: dict[str, int] = {}
         self._hydrated: set[str] = set()
+        #: Writes were allowed by a cutover (``AllowWrites``), not by starting as a writer.
+        self._cutover = False
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -231,7 +238,8 @@ class ComputeState:
                     self.conn.send(Error(type(command).__name__, str(exc)))
         if not self.read_only_start and not self._initialized_once and self.read_only:
             log.info("started without --read-only: allowing writes")
-            self._apply(AllowWrites())
+            self._allow_writes(cutover=False)
+            self.history.push(AllowWrites())
         elif not self.read_only:
             self.history.push(AllowWrites())  # writable for good, whatever this controller sent
         self.history.reduce()
@@ -252,12 +260,7 @@ class ComputeState:
             self._view(command.view_id, command).schedule(self.config["trigger_seconds"])
             self._send(self.status())
         elif isinstance(command, AllowWrites):
-            if self.read_only:
-                self.read_only = False
-                for running in self.views.values():
-                    running.view.allow_writes()
-                log.info("writes allowed: read-write computation")
-                self._send(self.status())
+            self._allow_writes(cutover=True)
         elif isinstance(command, AllowCompaction):
             running = self._view(command.view_id, command)
             if command.frontier is None:
@@ -288,6 +291,20 @@ class ComputeState:
             self._update_configuration(command.params)
         self.history.push(command)
 
+    def _allow_writes(self, cutover: bool) -> None:
+        """Leave read-only mode: by a cutover (``AllowWrites``), or as a replica started as a
+        writer; a view this refuses (fenced) is reported and writes nothing."""
+        if not self.read_only:
+            return
+        self.read_only, self._cutover = False, cutover
+        for running in self.views.values():
+            try:
+                running.view.allow_writes(cutover=cutover)
+            except Fenced as exc:
+                self._send(Error("AllowWrites", f"fenced: {exc}"))
+        log.info("writes allowed: read-write computation%s", " (a cutover)" if cutover else "")
+        self._send(self.status())
+
     def _view(self, view_id: str, command) -> RunningView:
         running = self.views.get(view_id)
         if running is None:
@@ -301,10 +318,13 @@ class ComputeState:
             raise ProtocolError(f"CreateDataflow: view {view_id!r} exists; drop it first "
                                 "(AllowCompaction to the empty frontier)")
         try:
-            definition = view_from_spec(command.view, read_only=self.read_only,
-                                        replica_id=self.replica_id)
+            definition = view_from_spec(command.view, read_only=True, replica_id=self.replica_id)
             view = MaterializedView(self.spark, definition,
                                     orphan_grace_seconds=self.instance.orphan_grace_seconds)
+            if not self.read_only:  # writable as the replica is: by a cutover, or as a writer
+                view.allow_writes(cutover=self._cutover)
+        except Fenced as exc:
+            raise ProtocolError(f"fenced: {exc}") from None
         except ConfigError as exc:
             raise ProtocolError(f"bad configuration: {exc}") from None
         except Exception as exc:
@@ -378,6 +398,10 @@ class ComputeState:
         return Status(replica_id=self.replica_id, stage=self.stage_name(), read_only=self.read_only,
                       config=dict(self.config),
                       views={view_id: running.status() for view_id, running in list(self.views.items())})
+
+    def fenced(self) -> dict[str, str]:
+        """Views fenced out by another definition of theirs, and why."""
+        return {view_id: f for view_id, running in list(self.views.items()) if (f := running.view.fenced)}
 
     def failures(self) -> dict[str, str]:
         """Views whose query died, and why."""
