@@ -106,7 +106,7 @@ def test_the_plan_is_what_the_promoted_replica_commits_first(spark, tmp_path):
         # the next one writes the plan.
         fence, *_ = wait_for(lambda: commits_by(tgt, "green"), timeout=120, what="green's first commit",
                              watch=(green,))[::-1]
-        assert fence["mvsink.reason"] == "fence" and not written_updates(tgt, fence["version"])
+        assert fence["mvsink.reason"] == "fence" and not committed_change(tgt, fence["version"])
         first = wait_for(lambda: [c for c in commits_by(tgt, "green") if c["mvsink.reason"] != "fence"],
                          timeout=120, what="green's first commit that writes", watch=(green,))[-1]
         assert (int(first["mvsink.lower"]), int(first["mvsink.upper"])) == (upper, upper + 1), first
