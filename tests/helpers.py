@@ -755,3 +755,25 @@ def read_plainly_at_every_time(spark, target: str, view_id: str, columns: list[s
         assert rows_at[version] == expected(t), f"time {t} at version {version}"
         times += 1
     return times, len(rows_at)
+
+
+def foreign_append_before_commit(monkeypatch, target: str, rows) -> list[int]:
+    """Arm the ``before-commit`` failpoint of mvsink's appends to append ``rows`` (a pyarrow table)
+    to ``target`` behind mvsink's back, once, right before its next commit; the list gets the
+    version of that foreign commit."""
+    from deltalake import write_deltalake
+
+    import mvsink.append as append_module
+    from mvsink.table import latest_version
+
+    hit = append_module.failpoints.hit
+    landed: list[int] = []
+
+    def foreign_append_first(name):
+        if name == "before-commit" and not landed:
+            write_deltalake(target, rows, mode="append")
+            landed.append(latest_version(target))
+        hit(name)
+
+    monkeypatch.setattr(append_module.failpoints, "hit", foreign_append_first)
+    return landed

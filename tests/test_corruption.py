@@ -47,20 +47,26 @@ def _overwrite(spark, tgt, upper, plain):
     garbage.write.format("delta").mode("overwrite").save(tgt)
 
 
-@pytest.mark.parametrize("damage", [_append, _delete, _update, _overwrite], ids=lambda d: d.__name__[1:])
-def test_damage_with_idle_sources_is_repaired_within_two_steps_history_kept(spark, tmp_path, damage):
+def _view_with_history(spark, tmp_path, layout: str):
+    """A keyed view of a source with a history of four times, caught up; the source, the target,
+    the view and the expected rows at each time."""
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(i, f"v{i}") for i in range(1, 6)])
-    view = ViewDefinition("fix", tgt, ChangesInput(src), key=("id",), replica_id="r1")
+    view = ViewDefinition("fix", tgt, ChangesInput(src), key=("id",), replica_id="r1", layout=layout)
     mv = MaterializedView(spark, view)
     mv.run_until_caught_up()
-    for row in [(6, "v6"), (7, "v7")]:              # a history of three times
+    for row in [(6, "v6"), (7, "v7")]:
         insert(spark, src, [row])
         mv.run_until_caught_up()
     spark.sql(f"UPDATE delta.`{src}` SET v = 'w3' WHERE id = 3")
     mv.run_until_caught_up()
-    source_version, timeline = DeltaTable(src).version(), TimelineReader(view.timeline)
-    expected = expected_from_source(src, ["id", "v"], timeline=view.timeline)
+    return src, tgt, mv, expected_from_source(src, ["id", "v"], timeline=view.timeline)
+
+
+@pytest.mark.parametrize("damage", [_append, _delete, _update, _overwrite], ids=lambda d: d.__name__[1:])
+def test_damage_with_idle_sources_is_repaired_within_two_steps_history_kept(spark, tmp_path, damage):
+    src, tgt, mv, expected = _view_with_history(spark, tmp_path, "table")
+    source_version, timeline = DeltaTable(src).version(), TimelineReader(mv.view.timeline)
     upper = DeltaTable(tgt).transaction_version("mvsink:fix")
     before = {t: version_of_time(tgt, "fix", t) for t in range(upper)}
 
@@ -93,18 +99,8 @@ def test_damage_with_idle_sources_is_repaired_within_two_steps_history_kept(spar
 
 @pytest.mark.parametrize("damage", [_append, _delete, _update, _overwrite], ids=lambda d: d.__name__[1:])
 def test_damage_in_the_update_layout_is_repaired_in_history_within_two_steps(spark, tmp_path, damage):
-    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
-    create_source(spark, src, [(i, f"v{i}") for i in range(1, 6)])
-    view = ViewDefinition("fix", tgt, ChangesInput(src), key=("id",), replica_id="r1", layout="updates")
-    mv = MaterializedView(spark, view)
-    mv.run_until_caught_up()
-    for row in [(6, "v6"), (7, "v7")]:              # a history of three times
-        insert(spark, src, [row])
-        mv.run_until_caught_up()
-    spark.sql(f"UPDATE delta.`{src}` SET v = 'w3' WHERE id = 3")
-    mv.run_until_caught_up()
-    source_version, timeline = DeltaTable(src).version(), TimelineReader(view.timeline)
-    expected = expected_from_source(src, ["id", "v"], timeline=view.timeline)
+    src, tgt, mv, expected = _view_with_history(spark, tmp_path, "updates")
+    source_version, timeline = DeltaTable(src).version(), TimelineReader(mv.view.timeline)
 
     damage(spark, tgt, DeltaTable(tgt).transaction_version("mvsink:fix"), False)
     damaged_at = DeltaTable(tgt).version()

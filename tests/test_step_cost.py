@@ -5,13 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from deltalake import write_deltalake
 import pyarrow as pa
 import pytest
 
-from helpers import create_source, insert
+from helpers import create_source, foreign_append_before_commit, insert
 from mvsink import ChangesInput, MaterializedView, SnapshotInput, ViewDefinition, read_view, view_errors, view_upper
-from mvsink import append as append_module
 from mvsink import sink as sink_module
 from mvsink.check import check_table, expected_from_source
 from mvsink.key_check import KeyRanges
@@ -57,16 +55,7 @@ def test_a_foreign_commit_just_before_the_own_commit_is_read_and_repaired(spark,
                         ("_mv_diff", pa.int64()), ("_mv_error", pa.string())])
     foreign = pa.table({"id": [99], "v": ["bogus"], "_mv_time": [0], "_mv_diff": [1], "_mv_error": [None]},
                        schema=schema)
-    hit = append_module.failpoints.hit
-    landed = []
-
-    def foreign_append_first(name):
-        if name == "before-commit" and not landed:
-            write_deltalake(tgt, foreign, mode="append")
-            landed.append(latest_version(tgt))
-        hit(name)
-
-    monkeypatch.setattr(append_module.failpoints, "hit", foreign_append_first)
+    landed = foreign_append_before_commit(monkeypatch, tgt, foreign)
     report = mv.step()
     monkeypatch.undo()
     assert landed and report.appended

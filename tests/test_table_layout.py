@@ -9,11 +9,10 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
-import mvsink.append as append_module
 import mvsink.write as write_module
-from helpers import create_source, insert, log_history
+from helpers import create_source, foreign_append_before_commit, insert, log_history
 from mvsink import (ChangesInput, ConfigError, MaterializedView, SnapshotInput, ViewDefinition, ViewInError,
                     read_view, view_errors)
 from mvsink.append import retention
@@ -102,16 +101,7 @@ def test_a_commit_on_an_unread_foreign_commit_is_not_a_version_of_the_view(spark
     mv = MaterializedView(spark, view)
     mv.run_until_caught_up()
     insert(spark, src, [(2, "b")])
-    hit = append_module.failpoints.hit
-    landed = []
-
-    def foreign_append_first(name):
-        if name == "before-commit" and not landed:
-            write_deltalake(tgt, pa.table({"id": [99], "v": ["bogus"]}), mode="append")
-            landed.append(latest_version(tgt))
-        hit(name)
-
-    monkeypatch.setattr(append_module.failpoints, "hit", foreign_append_first)
+    landed = foreign_append_before_commit(monkeypatch, tgt, pa.table({"id": [99], "v": ["bogus"]}))
     report = mv.step()
     monkeypatch.undo()
     assert landed and report.appended
