@@ -17,10 +17,13 @@ Each :meth:`MaterializedView.step` (one trigger, e.g. one ``foreachBatch`` call)
    time to go to without waiting for a source commit;
 4. mint a description `[lower, upper)` if allowed (not read-only, desired ahead of the table, the
    table advanced since the last description);
-5. write: stage the corrections below `upper` as Parquet files (none if there are none), plus
-   the pending undos of foreign commits below `lower` at their own times (and their sum, negated,
-   at `lower`): the table's history becomes exactly the view's again, and its contents from
-   `lower` on are the buffer's;
+5. write: stage the corrections below `upper` as Parquet files (none if there are none). In the
+   table layout (:mod:`mvsink.layout`) `upper` is first cut to the next time at which the buffer
+   changes the view (:meth:`MaterializedView._cap`), added rows and error updates are staged
+   apart, and retractions rewrite the files that hold them (:mod:`mvsink.write.rewrite`). In
+   the update layout the batch also holds the pending undos of foreign commits below `lower` at
+   their own times (and their sum, negated, at `lower`): the table's history becomes exactly the
+   view's again, and its contents from `lower` on are the buffer's;
 6. append: compare-and-append them; a loser deletes its files and the next step reads back what
    the winner wrote; a winner then keeps the table to the view's retention (compaction, log
    checkpoints: :mod:`mvsink.append.retention`).
