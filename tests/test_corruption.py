@@ -97,7 +97,7 @@ def test_damage_with_idle_sources_is_repaired_within_two_steps_history_kept(spar
     assert {r.id for r in read_view(spark, tgt, "fix").collect()} == {1, 2, 3, 4, 5, 6, 7, 8, 9}
 
 
-@pytest.mark.parametrize("damage", [_append, _delete, _update, _overwrite], ids=lambda d: d.__name__[1:])
+@pytest.mark.parametrize("damage", [_append, _update], ids=lambda d: d.__name__[1:])
 def test_damage_in_the_update_layout_is_repaired_in_history_within_two_steps(spark, tmp_path, damage):
     src, tgt, mv, expected = _view_with_history(spark, tmp_path, "updates")
     source_version, timeline = DeltaTable(src).version(), TimelineReader(mv.view.timeline)
