@@ -72,10 +72,11 @@ from mvsink.mint import Description, Minter
 from mvsink.table import latest_version
 from mvsink.target import create_target, validate_target
 from mvsink.timeline import (REASON_REPAIR_TIME, REASON_SOURCES, Timeline, TimeWentBackwards)
-from mvsink.updates import DIFF, ERROR, RESERVED, TIME, advance_times, consolidate, negate
+from mvsink.updates import RESERVED, TIME, advance_times, consolidate, negate
 from mvsink.view import ConfigError, ViewDefinition
-from mvsink.write import ERRORS_DIR, StagedBatch, batch_updates, stage, staged_prefix
-from mvsink.write.rewrite import TableFile, rewrite_retractions
+from mvsink.write import ERRORS_DIR, StagedBatch, batch_updates, stage
+from mvsink.write.plain import stage_plain
+from mvsink.write.rewrite import TableFile
 
 log = logging.getLogger(__name__)
 
@@ -544,25 +545,11 @@ class MaterializedView:
         return _Staged(batch, history_updates)
 
     def _stage_rows(self, updates: DataFrame, desc: Description, key_ranges: KeyRanges | None) -> StagedBatch:
-        """The table layout's batch: the files holding retracted rows rewritten without them
-        (none where the read-back saw no data file), the added rows and the error updates
-        staged (:func:`~mvsink.write.stage` with plain columns)."""
+        """The table layout's batch (:func:`~mvsink.write.plain.stage_plain`), against the data
+        files the read-back last saw."""
         columns = [f.name for f in self.schema.fields if f.name not in RESERVED]
-        files = self._table_files()
-        rewrites = None
-        if files:
-            retractions = updates.where(F.col(ERROR).isNull() & (F.col(DIFF) < 0))
-            rewrites = rewrite_retractions(self.spark, retractions, files, self.view.target,
-                                           staged_prefix(self.view.view_id, desc, self.view.replica_id),
-                                           columns, (self.view.key or columns)[0])
-            updates = updates.where(F.col(ERROR).isNotNull() | (F.col(DIFF) > 0))
-        batch = stage(updates, desc, self.view.target, self.view.view_id, self.view.replica_id, key_ranges,
-                      plain_columns=columns)
-        if rewrites is not None:
-            batch.files += rewrites.files
-            batch.removes = rewrites.removes
-            batch.updates += rewrites.retractions
-        return batch
+        return stage_plain(self.spark, updates, desc, self.view.target, self.view.view_id, self.view.replica_id,
+                           self._table_files(), columns, (self.view.key or columns)[0], key_ranges)
 
     def _table_files(self) -> list[TableFile]:
         """The data files the read-back last saw, with their statistics of the prune column

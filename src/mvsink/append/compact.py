@@ -138,8 +138,7 @@ def compact_files(spark: SparkSession, shard: Shard, schema: T.StructType, error
     for attempt in range(1, _MAX_ATTEMPTS + 1):
         table = shard.table()
         upper = shard.upper_of(table)
-        actions = pa.table(table.get_add_actions(flatten=True)).select(["path", "size_bytes"]).to_pylist()
-        small = [(a["path"], a["size_bytes"]) for a in actions if a["size_bytes"] < SMALL_FILE_BYTES]
+        small = small_files(table)
         if len(small) < 2:
             small = []
         if not small and len(error_files) <= 1:
@@ -177,6 +176,12 @@ def compact_files(spark: SparkSession, shard: Shard, schema: T.StructType, error
                                 tuple(f.path for f in batch.files), tuple(path for path, _ in small), folded)
     raise CompactionError(f"compaction of the files of view {shard.view_id!r} in {shard.target} "
                           f"conflicted {_MAX_ATTEMPTS} times")
+
+
+def small_files(table: DeltaTable) -> list[tuple[str, int]]:
+    """`(path, size)` of the snapshot's data files smaller than :data:`SMALL_FILE_BYTES`."""
+    actions = pa.table(table.get_add_actions(flatten=True)).select(["path", "size_bytes"]).to_pylist()
+    return [(a["path"], a["size_bytes"]) for a in actions if a["size_bytes"] < SMALL_FILE_BYTES]
 
 
 def _still_present(shard: Shard, files: list[tuple[str, int]]) -> bool:

@@ -2,7 +2,9 @@
 
 In the table layout (:mod:`mvsink.layout`) the table's history is Delta's own versions, kept as
 Delta's log and ``VACUUM`` retention keep them; there the compaction rewrites small files into
-fewer (:func:`~mvsink.append.compact.compact_files`) and ``retain_history`` gives up nothing.
+fewer (:func:`~mvsink.append.compact.compact_files`) once the table holds more than
+:data:`COMPACT_SMALL_FILES` small data files or error files, so that a reader opens about as many
+files as a plain table of the same rows has; ``retain_history`` gives up nothing.
 In the update layout a view declares ``retain_history``: a duration (``90s``, ``30m``, ``1h``, ``7d``), a number of
 times (``100``), or ``all``. Default: :data:`DEFAULT`. From it a writing replica derives the since
 it may compact to:
@@ -15,8 +17,8 @@ it may compact to:
 The since never goes below ``as_of`` and only moves forward (:mod:`mvsink.append.compact`).
 
 :class:`Upkeep` runs after a writer's step: it compacts (through the same compare-and-append
-path as every commit) once the table holds :data:`COMPACT_AFTER_FILES` more data files than after
-the last compaction and the since can move, so a long run holds about the view plus the retained
+path as every commit); in the update layout once the table holds :data:`COMPACT_AFTER_FILES` more
+data files than after the last compaction and the since can move, so a long run holds about the view plus the retained
 changes; and it writes a Delta checkpoint of the target and of the timeline every
 ``delta.checkpointInterval`` versions (default 10), since delta-rs commits do not. A failed compaction or checkpoint is logged and tried again
 later: upkeep never fails a step.
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 from deltalake import DeltaTable
 
 from mvsink import storage
-from mvsink.append.compact import compact, compact_files
+from mvsink.append.compact import compact, compact_files, small_files
 from mvsink.layout import TABLE
 from mvsink.view import ConfigError
 
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 DEFAULT = "1h"
 #: Compact once the table has this many more data files than after the last compaction.
 COMPACT_AFTER_FILES = 50
+#: Table layout: compact once the table has more small data files (or error files) than this.
+COMPACT_SMALL_FILES = 4
 _CHECKPOINT_INTERVAL = 10
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)\s*$")
@@ -115,10 +119,12 @@ class Upkeep:
         files = len(table.file_uris())
         if self.files_after_compaction is None:
             self.files_after_compaction = files
-        if files < self.files_after_compaction + COMPACT_AFTER_FILES:
-            return
         if view.layout == TABLE:
+            if len(small_files(table)) <= COMPACT_SMALL_FILES and len(view.readback.error_files) <= COMPACT_SMALL_FILES:
+                return
             result = compact_files(view.spark, view.shard, view.schema, view.readback.error_files)
+        elif files < self.files_after_compaction + COMPACT_AFTER_FILES:
+            return
         else:
             upper = view.shard.upper_of(table)
             since = self.retention.since(upper, view.view.as_of, view.timeline)

@@ -5,17 +5,24 @@ row with diff `-k`) takes `k` copies of the row out of the table: copy-on-write 
 hold them. The files searched are the table's files as the read-back last saw them, the files the
 correction buffer was computed against; the commit that removes them is only made on a snapshot
 that still holds every one of them (:func:`mvsink.append.compare_and_append`), so a file rewritten
-here is never one that changed meanwhile.
+here is never one that changed meanwhile. Files whose min/max statistics of the *prune column*
+(the view's first key column, else its first column) cannot hold a retracted value are not read.
 
-1. The retractions' values of the *prune column* (the view's first key column, else its first
-   column) and counts are gathered (one small Spark job over the batch); files whose min/max
-   statistics cannot hold any of those values are not read.
-2. The other files are read with each row's file and position (Spark's ``_metadata``), joined with
-   the retractions on the whole row (null-safe), and the first `k` copies of each retracted row in
-   (file, position) order are the deletions: only their positions reach the driver.
-3. Each file with a deletion is rewritten by one Spark task (pyarrow: the file without those
-   positions, rows in their order) into a staged file; the batch removes the file and adds its
-   survivors (no file when none survive).
+Two ways, both one Spark task per file rewritten (pyarrow: the file without the deleted
+positions, rows in their order):
+
+* :func:`rewrite_gathered`, for a batch held on the driver (:mod:`mvsink.write.plain`): the
+  retractions are broadcast, and one task per candidate file finds their copies in it (a
+  vectorized membership test column by column, then whole rows compared, null equal to null and
+  NaN to NaN, as Spark's null-safe equality has it), deletes up to `k` copies of each and writes
+  its share of the batch's inserted rows into the rewrite, so a step that rewrites files adds
+  none. A row whose copies lie in several files may lose more than `k` that way: the files
+  concerned are rewritten again with the first `k` copies in file order as their quota. One
+  Spark job, two in that rare case.
+* :func:`rewrite_retractions`, for a batch that stays in Spark: the candidate files are read with
+  each row's file and position (Spark's ``_metadata``), joined with the retractions on the whole
+  row (null-safe), and the first `k` copies of each in (file, position) order are deleted; only
+  their positions reach the driver.
 
 Invariants: exactly `k` copies of each retracted row go, or :class:`RetractionNotFound` is raised
 and nothing is staged (the table does not hold what the buffer says it does: the read-back is
@@ -33,10 +40,12 @@ from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink import storage
 from mvsink.table import file_uri
@@ -199,3 +208,248 @@ def _rewrite(spark: SparkSession, files: list[TableFile], deletions: dict[str, l
 def _read(fs, path: str) -> pa.Table:
     with fs.open_input_file(path) as f:
         return pq.read_table(f)
+
+
+#: The multiplicity of each retracted row in a gathered retraction table.
+COPIES = "_mv_k"
+_NAN = ("mvsink-nan",)
+
+
+def rewrite_gathered(spark: SparkSession, retractions: pa.Table, inserts: pa.Table,
+                     table_files: list[TableFile], target: str, prefix: str,
+                     prune_column: str) -> tuple[Rewrites, pa.Table]:
+    """Stage the rewrites that take ``retractions`` (the view's columns and :data:`COPIES`, held
+    on the driver) out of ``table_files``, folding ``inserts`` (plain rows) into the rewritten
+    files; see the module doc. Returns the rewrites and the inserts no rewrite took."""
+    copies = retractions.column(COPIES).to_pylist()
+    candidates = _prune_by_values(table_files, list(set(retractions.column(prune_column).to_pylist())))
+    if not candidates:
+        raise RetractionNotFound(f"no file of the table can hold the {sum(copies)} row copies the batch "
+                                 "retracts; the read-back is behind the table")
+    shares = _shares(inserts, len(candidates))
+    outcomes = _run_rewrites(spark, candidates, retractions, shares, {}, target, prefix, prune_column)
+    matched = [0] * len(copies)
+    for outcome in outcomes.values():
+        for r, n in outcome.matched.items():
+            matched[r] += n
+    missing = [r for r, k in enumerate(copies) if matched[r] < k]
+    if missing:
+        _delete_staged(target, [o.file for o in outcomes.values() if o.file])
+        raise RetractionNotFound(
+            f"the table's files hold fewer copies than the batch retracts of {len(missing)} rows "
+            f"(first: {_row_text(retractions, missing[0])}); the read-back is behind the table")
+    quotas = _quotas(candidates, outcomes, copies)
+    if quotas:
+        _delete_staged(target, [outcomes[path].file for path in quotas if outcomes[path].file])
+        redone = [f for f in candidates if f.path in quotas]
+        outcomes.update(_run_rewrites(spark, redone, retractions,
+                                      [shares[candidates.index(f)] for f in redone], quotas, target,
+                                      prefix + "-q", prune_column))
+    touched = [f for f in candidates if outcomes[f.path].rewritten]
+    unplaced = [shares[i] for i, f in enumerate(candidates) if not outcomes[f.path].rewritten]
+    log.info("retracting %d copies (%d updates): %d of %d files read, %d rewritten, %d inserted rows "
+             "folded into them%s", sum(copies), retractions.num_rows, len(candidates), len(table_files),
+             len(touched), inserts.num_rows - sum(s.num_rows for s in unplaced),
+             f", {len(quotas)} rewritten again to keep k copies" if quotas else "")
+    staged = [outcomes[f.path].file for f in touched if outcomes[f.path].file]
+    rest = pa.concat_tables(unplaced) if unplaced else inserts.slice(0, 0)
+    return Rewrites(staged, [(f.path, f.size) for f in touched], retractions.num_rows, sum(copies)), rest
+
+
+@dataclass
+class _Outcome:
+    """What a rewrite task did to one file."""
+
+    #: The staged rewrite (None: nothing survived and nothing was folded in, or not rewritten).
+    file: StagedFile | None
+    #: Whether the file goes (it held a deleted copy).
+    rewritten: bool
+    #: Retraction index -> copies of that row the file holds.
+    matched: dict[int, int]
+    #: Retraction index -> copies deleted.
+    deleted: dict[int, int]
+
+
+def _shares(inserts: pa.Table, n: int) -> list[pa.Table]:
+    """``inserts`` cut into ``n`` consecutive, nearly equal shares."""
+    bounds = [inserts.num_rows * i // n for i in range(n + 1)]
+    return [inserts.slice(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def _quotas(files: list[TableFile], outcomes: dict[str, _Outcome], copies: list[int]) -> dict[str, dict[int, int]]:
+    """Where the first pass deleted more than `k` copies of a row (its copies spread over several
+    files, each deleting up to `k`): the copies each such file must delete instead, the first `k`
+    in file order; only the files whose deletions change."""
+    deleted = [0] * len(copies)
+    for outcome in outcomes.values():
+        for r, n in outcome.deleted.items():
+            deleted[r] += n
+    over = {r for r, k in enumerate(copies) if deleted[r] > k}
+    if not over:
+        return {}
+    left = {r: copies[r] for r in over}
+    quotas: dict[str, dict[int, int]] = {}
+    for f in files:
+        outcome = outcomes[f.path]
+        for r in over & outcome.matched.keys():
+            take = min(left[r], outcome.matched[r])
+            left[r] -= take
+            if take != outcome.deleted.get(r, 0):
+                quotas.setdefault(f.path, {})[r] = take
+    return quotas
+
+
+_OUTCOME_SCHEMA = T.StructType(_FILE_LIST_SCHEMA.fields + [
+    T.StructField("source", T.StringType()),
+    T.StructField("rewritten", T.BooleanType()),
+    T.StructField("matched", T.ArrayType(T.LongType())),
+    T.StructField("deleted", T.ArrayType(T.LongType())),
+])
+
+
+def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.Table, shares: list[pa.Table],
+                  quotas: dict[str, dict[int, int]], target: str, prefix: str,
+                  prune_column: str) -> dict[str, _Outcome]:
+    """One Spark task per file: find the retracted rows' copies in it, and where it holds one,
+    rewrite it without the copies to delete (up to `k` of each row in file order, or its quota)
+    and with its share of the inserts. Returns each file's outcome."""
+    payload = spark.sparkContext.broadcast(_ipc([retractions] + shares))
+    jobs = [(f.path, i, [list(q) for q in sorted((quotas.get(f.path) or {}).items())]) for i, f in enumerate(files)]
+    frame = spark.createDataFrame(jobs, "path STRING, share INT, quotas ARRAY<ARRAY<BIGINT>>").repartition(len(jobs))
+    out_schema = to_arrow_schema(_OUTCOME_SCHEMA)
+
+    def rewrite(batches):
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        tables = _from_ipc(payload.value)
+        wanted, given = tables[0], tables[1:]
+        fs, root = storage.filesystem(target)
+        for batch in batches:
+            for path, share, quota in zip(*(batch.column(c).to_pylist() for c in ("path", "share", "quotas"))):
+                stored = wanted.schema.remove(wanted.schema.get_field_index(COPIES))
+                rows = storage.retrying(f"reading {path}", _read, fs, storage.join(root, unquote(path)))
+                rows = _conform(rows, stored, path)
+                positions = _copies(rows, wanted, prune_column)
+                limits = dict(quota or [])
+                copies = wanted.column(COPIES).to_pylist()
+                drop = {r: p[:limits.get(r, copies[r])] for r, p in positions.items()}
+                drop = {r: p for r, p in drop.items() if p}
+                row = None
+                if drop:
+                    keep = np.ones(rows.num_rows, dtype=bool)
+                    keep[np.fromiter((p for ps in drop.values() for p in ps), dtype=np.int64)] = False
+                    writer = _FileWriter(target, f"{prefix}-rw{context.partitionId():05d}-{share}-"
+                                                 f"{context.attemptNumber()}.parquet")
+                    try:
+                        for piece in rows.filter(pa.array(keep)).to_batches() + given[share].to_batches():
+                            writer.write(piece)
+                        row = writer.close()
+                    except BaseException:
+                        writer.abort()
+                        raise
+                file_columns = row or {"path": pa.nulls(1, pa.string()), "size": pa.nulls(1, pa.int64()),
+                                       "num_records": pa.nulls(1, pa.int64()), "stats": pa.nulls(1, pa.string())}
+                yield pa.RecordBatch.from_pydict({
+                    **file_columns, "errors": pa.array([False]), "updates": pa.array([0], pa.int64()),
+                    "source": pa.array([path]), "rewritten": pa.array([bool(drop)]),
+                    "matched": pa.array([_flat({r: len(p) for r, p in positions.items()})], pa.list_(pa.int64())),
+                    "deleted": pa.array([_flat({r: len(p) for r, p in drop.items()})], pa.list_(pa.int64())),
+                }, schema=out_schema)
+
+    try:
+        rows = frame.mapInArrow(rewrite, _OUTCOME_SCHEMA).collect()
+    finally:
+        payload.destroy()
+    return {r.source: _Outcome(StagedFile(r.path, r.size, r.num_records, r.stats) if r.path else None,
+                               r.rewritten, _unflat(r.matched), _unflat(r.deleted)) for r in rows}
+
+
+def _flat(counts: dict[int, int]) -> list[int]:
+    return [x for item in sorted(counts.items()) for x in item]
+
+
+def _unflat(flat: list[int]) -> dict[int, int]:
+    return dict(zip(flat[::2], flat[1::2]))
+
+
+def _ipc(tables: list[pa.Table]) -> list[bytes]:
+    out = []
+    for table in tables:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        out.append(sink.getvalue().to_pybytes())
+    return out
+
+
+def _from_ipc(blobs: list[bytes]) -> list[pa.Table]:
+    return [pa.ipc.open_stream(blob).read_all() for blob in blobs]
+
+
+def _conform(rows: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
+    """A file's rows in the view's stored columns and types (a foreign writer's file may use
+    other Arrow types for them)."""
+    try:
+        return rows.select(schema.names).cast(schema)
+    except (KeyError, pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise RetractionNotFound(f"the table file {path} does not hold the view's columns as stored "
+                                 f"({schema}): {exc}") from exc
+
+
+def _copies(rows: pa.Table, wanted: pa.Table, prune_column: str) -> dict[int, list[int]]:
+    """Retraction index -> positions in ``rows`` of that row's copies, in file order.
+
+    Candidates are narrowed column by column with a vectorized membership test (nulls match
+    nulls), then compared whole in Python, with NaN equal to NaN as Spark's null-safe equality
+    has it."""
+    columns = [c for c in wanted.column_names if c != COPIES]
+    order = [prune_column] + [c for c in columns if c != prune_column]
+    positions = np.arange(rows.num_rows)
+    for column in order:
+        if len(positions) <= 2 * wanted.num_rows + 64:
+            break
+        try:
+            mask = pc.is_in(rows.column(column).take(positions), value_set=pc.unique(wanted.column(column)),
+                            skip_nulls=False)
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            continue
+        positions = positions[mask.to_numpy(zero_copy_only=False)]
+    index = {}
+    for r, key in enumerate(_keys(wanted.select(columns))):
+        if index.setdefault(key, r) != r:
+            raise ValueError(f"the batch retracts the row {_row_text(wanted, r)} twice: it is not consolidated")
+    found: dict[int, list[int]] = {}
+    for position, key in zip(positions.tolist(), _keys(rows.select(columns).take(positions))):
+        r = index.get(key)
+        if r is not None:
+            found.setdefault(r, []).append(position)
+    return found
+
+
+def _keys(table: pa.Table):
+    """Each row of ``table`` as a hashable tuple (lists and structs as tuples, NaN as a marker)."""
+    return zip(*([_frozen(v) for v in table.column(c).to_pylist()] for c in table.column_names))
+
+
+def _frozen(value):
+    if isinstance(value, float) and value != value:
+        return _NAN
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, _frozen(v)) for k, v in value.items())
+    return value
+
+
+def _row_text(table: pa.Table, r: int) -> str:
+    return str({c: table.column(c)[r].as_py() for c in table.column_names if c != COPIES})
+
+
+def _delete_staged(target: str, files: list[StagedFile]) -> None:
+    fs, root = storage.filesystem(target)
+    for f in files:
+        try:
+            fs.delete_file(storage.join(root, f.path))
+        except FileNotFoundError:
+            pass

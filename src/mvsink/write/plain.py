@@ -1,0 +1,109 @@
+"""`plain`: stages a table-layout batch: the files that make the table the view at the batch's upper.
+
+A batch of the table layout (:mod:`mvsink.layout`) holds ok updates (rows with their diffs) and
+error updates. Staged, nothing committed:
+
+* a retraction (diff `-k`) as rewrites of the files holding `k` copies of the row
+  (:mod:`mvsink.write.rewrite`);
+* an insertion (diff `+k`) as `k` plain rows (the view's columns only);
+* error updates as they are, in a file under :data:`~mvsink.write.ERRORS_DIR`.
+
+Two ways, chosen by the batch's size:
+
+* *gathered*: a batch of at most :data:`GATHERED_UPDATES` updates written to a table that has
+  files is collected to the driver in one Spark job. The files holding its retractions are
+  rewritten by one task each with the inserted rows folded into them
+  (:func:`~mvsink.write.rewrite.rewrite_gathered`), so a step that rewrites files adds none and
+  the file count stays where the table's rows put it; the inserted rows no rewrite took and the
+  error updates are written by the driver, one file each. Two Spark jobs a step.
+* *distributed*: a larger batch, a first write, or one whose files' key ranges are asked for
+  (:class:`~mvsink.key_check.KeyRanges`) never reaches the driver: the retractions are found by a
+  Spark join (:func:`~mvsink.write.rewrite.rewrite_retractions`) and the rest is written by the
+  tasks that hold it (:func:`~mvsink.write.stage`).
+
+Both end at the failpoint ``after-stage``, like :func:`~mvsink.write.stage`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from mvsink import failpoints
+from mvsink.mint import Description
+from mvsink.updates import DIFF, ERROR
+from mvsink.write import ERRORS_DIR, StagedBatch, StagedFile, _FileWriter, plain_rows, stage, staged_prefix
+from mvsink.write.rewrite import COPIES, TableFile, rewrite_gathered, rewrite_retractions
+
+if TYPE_CHECKING:
+    from mvsink.key_check import KeyRanges
+
+log = logging.getLogger(__name__)
+
+#: Updates a batch may have to be staged through the driver.
+GATHERED_UPDATES = 200_000
+
+
+def stage_plain(spark: SparkSession, updates: DataFrame, desc: Description, target: str, view_id: str,
+                replica_id: str, table_files: list[TableFile], columns: list[str], prune_column: str,
+                key_ranges: KeyRanges | None = None) -> StagedBatch:
+    """Stage ``updates`` (the batch for ``desc``) against ``table_files`` (the table's data files
+    as the read-back saw them); see the module doc."""
+    prefix = staged_prefix(view_id, desc, replica_id)
+    if table_files and key_ranges is None:
+        gathered = updates.limit(GATHERED_UPDATES + 1).toArrow()
+        if gathered.num_rows <= GATHERED_UPDATES:
+            return _stage_gathered(spark, gathered, desc, target, table_files, columns, prune_column, prefix)
+    rewrites = None
+    if table_files:
+        retractions = updates.where(F.col(ERROR).isNull() & (F.col(DIFF) < 0))
+        rewrites = rewrite_retractions(spark, retractions, table_files, target, prefix, columns, prune_column)
+        updates = updates.where(F.col(ERROR).isNotNull() | (F.col(DIFF) > 0))
+    batch = stage(updates, desc, target, view_id, replica_id, key_ranges, plain_columns=columns)
+    if rewrites is not None:
+        batch.files += rewrites.files
+        batch.removes = rewrites.removes
+        batch.updates += rewrites.retractions
+    return batch
+
+
+def _stage_gathered(spark: SparkSession, updates: pa.Table, desc: Description, target: str,
+                    table_files: list[TableFile], columns: list[str], prune_column: str,
+                    prefix: str) -> StagedBatch:
+    started = time.monotonic()
+    ok = pc.is_null(updates.column(ERROR))
+    rows = updates.filter(ok)
+    negative = pc.less(rows.column(DIFF), 0)
+    retractions = rows.filter(negative)
+    inserts = pa.Table.from_batches([plain_rows(b, columns) for b in rows.filter(pc.invert(negative)).to_batches()],
+                                    schema=rows.select(columns).schema)
+    batch = StagedBatch(desc, target, updates=updates.num_rows)
+    if retractions.num_rows:
+        wanted = retractions.select(columns).append_column(COPIES, pc.negate(retractions.column(DIFF)))
+        rewrites, inserts = rewrite_gathered(spark, wanted, inserts, table_files, target, prefix, prune_column)
+        batch.files, batch.removes = rewrites.files, rewrites.removes
+    batch.files += _write(target, f"{prefix}-driver.parquet", inserts)
+    batch.error_files = _write(target, f"{ERRORS_DIR}/{prefix}-driver.parquet", updates.filter(pc.invert(ok)))
+    log.info("staged %d updates for %s through the driver in %.2fs: %d files added, %d removed",
+             updates.num_rows, desc, time.monotonic() - started, len(batch.files), len(batch.removes))
+    failpoints.hit("after-stage")
+    return batch
+
+
+def _write(target: str, name: str, rows: pa.Table) -> list[StagedFile]:
+    """``rows`` staged as the file ``name`` (none if there are no rows)."""
+    writer = _FileWriter(target, name)
+    try:
+        for batch in rows.to_batches():
+            writer.write(batch)
+        row = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return [] if row is None else [StagedFile(*(row[c][0].as_py() for c in ("path", "size", "num_records", "stats")))]
