@@ -1,8 +1,9 @@
 """Reading a view kept by mvsink against reading the same rows in a plain Delta table, same run.
 
 Workload: a source Delta table of ``--rows`` rows (change data feed on); ``--steps`` source
-versions each update ``--change-fraction`` of its rows, and an mvsink view of the source keyed by
-``id`` follows every version (in the table layout, the default; with ``--with-updates-layout``
+versions each update ``--change-fraction`` of its rows at random (with ``--inserts-and-deletes``,
+each step also inserts and deletes a tenth of that many rows, in versions of their own), and an
+mvsink view of the source keyed by ``id`` follows every version (in the table layout, the default; with ``--with-updates-layout``
 also a second view in the update layout, for the figures before it). Then the view's latest rows
 are read, and the same rows in a plain Delta table written by overwrite:
 
@@ -35,6 +36,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--change-fraction", type=float, default=0.01)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--inserts-and-deletes", action="store_true",
+                        help="each step also inserts and deletes rows (new files, shrinking files)")
     parser.add_argument("--with-updates-layout", action="store_true",
                         help="also keep the view in the update layout and read it")
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
@@ -69,17 +72,28 @@ def run(args, workdir: str) -> int:
                                                             replica_id="bench", layout="updates")))
     modulus = int(round(1 / args.change_fraction))
     write_seconds = {v.layout: [] for v in views}
+    most_files = 0
     for i in range(args.steps + 1):
         if i:
             spark.sql(f"UPDATE delta.`{source}` SET amount = amount + {i} WHERE pmod(hash(id, {i}), {modulus}) = 0")
+        if i and args.inserts_and_deletes:
+            spark.sql(f"DELETE FROM delta.`{source}` WHERE pmod(hash(id, -{i}), {modulus * 10}) = 0")
+            batch = max(1, args.rows // (modulus * 10))
+            (spark.range(args.rows + i * batch, args.rows + (i + 1) * batch)
+             .select("id", F.lit("new").alias("customer"), (F.col("id") % 997).alias("amount"),
+                     F.sha1(F.col("id").cast("string")).alias("note"))
+             .write.format("delta").mode("append").save(source))
         for view in views:
             started = time.monotonic()
             view.run_until_caught_up()
             if i:
                 write_seconds[view.layout].append(time.monotonic() - started)
+        most_files = max(most_files, len(DeltaTable(table_view).file_uris()))
         if i % 10 == 0:
             print(f"step {i}: " + ", ".join(f"{layout} layout p50 {statistics.median(s):.2f}s per version"
-                                           for layout, s in write_seconds.items() if s), flush=True)
+                                           for layout, s in write_seconds.items() if s)
+                  + f"; table layout: {len(DeltaTable(table_view).file_uris())} files (at most {most_files})",
+                  flush=True)
     spark.read.format("delta").load(table_view).write.format("delta").mode("overwrite").save(plain)
     key = args.rows // 2 + 7
     con = duckdb_with_delta()
@@ -122,8 +136,10 @@ def run(args, workdir: str) -> int:
              + ([("mvsink, update layout", updates_view)] if args.with_updates_layout else [])}
     print("\n=== reading the view's latest rows against a plain Delta table of the same rows ===")
     print(f"machine: {machine()}")
-    print(f"workload: {args.rows:,}-row view after {args.steps} versions each updating {args.change_fraction:.2%} "
-          f"of the rows; files: " + ", ".join(f"{n} {c}" for n, c in files.items()))
+    print(f"workload: {args.rows:,}-row view after {args.steps} steps each updating {args.change_fraction:.2%} "
+          f"of the rows{' and inserting and deleting a tenth of that' if args.inserts_and_deletes else ''}; "
+          "files: " + ", ".join(f"{n} {c}" for n, c in files.items())
+          + f"; the table layout held at most {most_files} files over the run")
     print("writes per version, p50: " + ", ".join(f"{layout} layout {statistics.median(s):.2f}s"
                                                   for layout, s in write_seconds.items()))
     print(f"{'read (median of ' + str(args.repeat) + ')':24}" + "".join(f"{n:>28}" for n in readers))

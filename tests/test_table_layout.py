@@ -12,6 +12,7 @@ import pytest
 from deltalake import DeltaTable
 
 import mvsink.write as write_module
+import mvsink.write.plain as plain
 from helpers import create_source, foreign_append_before_commit, insert, log_history
 from mvsink import (ChangesInput, ConfigError, MaterializedView, SnapshotInput, ViewDefinition, ViewInError,
                     read_view, view_errors)
@@ -48,7 +49,10 @@ def test_a_retraction_rewrites_only_the_files_that_hold_its_rows(spark, tmp_path
     assert _rows(tgt)[(1005, "changed")] == 1 and sum(_rows(tgt).values()) == 109
 
 
-def test_duplicate_rows_are_retracted_copy_by_copy(spark, tmp_path):
+@pytest.mark.parametrize("staging", ["gathered", "distributed"])
+def test_duplicate_rows_are_retracted_copy_by_copy(spark, tmp_path, monkeypatch, staging):
+    if staging == "distributed":
+        monkeypatch.setattr(plain, "GATHERED_UPDATES", 0)
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a"), (1, "a"), (1, "a"), (2, None), (2, None)])
     view = ViewDefinition("bag", tgt, SnapshotInput(sql="SELECT id, v FROM src"), sources={"src": src},
@@ -63,6 +67,31 @@ def test_duplicate_rows_are_retracted_copy_by_copy(spark, tmp_path):
     assert _rows(tgt) == Counter({(1, "a"): 1, (2, None): 2, (3, "c"): 1})
     result = check_table(tgt, "bag", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=view.timeline))
     assert result.ok, result.problems
+
+
+def test_rows_with_nulls_nans_and_nested_values_are_retracted(spark, tmp_path):
+    """A retracted row is found by its whole value: nulls equal nulls, NaN equals NaN, arrays and
+    structs by their contents, even where the prune column (here the first) tells no rows apart."""
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    schema = "g INT, x DOUBLE, tags ARRAY<STRING>, s STRUCT<a: INT, b: STRING>, id BIGINT"
+    rows = [(i % 2, float("nan") if i % 3 == 0 else (None if i % 3 == 1 else i / 2),
+             None if i % 4 == 0 else [f"t{i % 5}", None], None if i % 5 == 0 else (i % 7, None), i % 11)
+            for i in range(120)]
+    spark.createDataFrame(rows, schema).coalesce(3).write.format("delta") \
+        .option("delta.enableChangeDataFeed", "true").save(src)
+    view = ViewDefinition("nested", tgt, SnapshotInput(sql="SELECT g, x, tags, s, id FROM src"),
+                          sources={"src": src}, replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()
+    spark.sql(f"DELETE FROM delta.`{src}` WHERE id IN (0, 3, 7)")
+    mv.run_until_caught_up()
+    spark.sql(f"UPDATE delta.`{src}` SET id = id + 100 WHERE g = 1 AND id IN (1, 4)")
+    mv.run_until_caught_up()
+
+    def bag(table):
+        return Counter(repr(r) for r in table.to_pylist())
+    expected = DeltaTable(src).to_pyarrow_table().select(["g", "x", "tags", "s", "id"])
+    assert bag(DeltaTable(tgt).to_pyarrow_table().select(["g", "x", "tags", "s", "id"])) == bag(expected)
 
 
 def test_a_batch_whose_files_were_deleted_meanwhile_is_stale_and_never_lands(spark, tmp_path, monkeypatch):
@@ -212,3 +241,13 @@ def test_a_layout_is_fixed_with_its_table(spark, tmp_path):
     assert kept.layout == "updates", "a view naming no layout keeps its table's"
     with pytest.raises(ConfigError, match="layout must be one of"):
         ViewDefinition("x", tgt, ChangesInput(src), layout="rows")
+
+
+def test_a_view_column_named_like_mvsinks_own_is_refused_before_anything_is_written(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a")])
+    view = ViewDefinition("clash", tgt, SnapshotInput(sql="SELECT id, v AS _MV_Diff FROM src"), sources={"src": src},
+                          replica_id="r1")
+    with pytest.raises(ConfigError, match=r"view columns \['_MV_Diff'\] clash with mvsink's reserved prefix _mv_"):
+        MaterializedView(spark, view)
+    assert latest_version(tgt) is None and latest_version(view.timeline) is None

@@ -20,6 +20,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from mvsink.view import ConfigError
+
 TIME = "_mv_time"
 DIFF = "_mv_diff"
 ERROR = "_mv_error"
@@ -33,12 +35,13 @@ _UNGROUPABLE = (T.MapType, T.VariantType) if hasattr(T, "VariantType") else (T.M
 
 def table_schema(user_schema: T.StructType) -> T.StructType:
     """The target table's schema for a view whose rows have ``user_schema``."""
-    clash = [f.name for f in user_schema.fields if f.name.startswith("_mv_")]
+    clash = [f.name for f in user_schema.fields if f.name.lower().startswith("_mv_")]
     if clash:
-        raise ValueError(f"view columns {clash} clash with mvsink's reserved prefix _mv_")
+        raise ConfigError(f"view columns {clash} clash with mvsink's reserved prefix _mv_ (Spark's column names "
+                          "are case-insensitive): rename them in the view's query")
     bad = [f.name for f in user_schema.fields if _contains(f.dataType, _UNGROUPABLE)]
     if bad:
-        raise ValueError(f"view columns {bad} have map/variant types, which cannot be consolidated")
+        raise ConfigError(f"view columns {bad} have map/variant types, which cannot be consolidated")
     fields = [T.StructField(f.name, f.dataType, True) for f in user_schema.fields]
     fields += [
         T.StructField(ERROR, T.StringType(), True),

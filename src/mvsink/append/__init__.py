@@ -82,7 +82,8 @@ META_COMMIT = "mvsink.commit"
 #: Set by compactions only: the view's since from that commit on.
 META_SINCE = "mvsink.since"
 #: Set by appends: the table version the replica had read back; foreign commits up to it are
-#: accounted for by this commit (see :mod:`mvsink.correction.readback`).
+#: accounted for by this commit (see :mod:`mvsink.correction.readback`). Set by the table
+#: layout's compactions too: the version whose files they rearranged.
 META_READBACK = "mvsink.readback"
 #: Set by repairs: how many updates the commit wrote below its lower, restoring history.
 META_HISTORY = "mvsink.history_updates"

@@ -54,7 +54,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.append import REASON_COMPACTION, Shard, holds
+from mvsink.append import META_READBACK, REASON_COMPACTION, Shard, holds
 from mvsink.layout import META_ERRORS
 from mvsink.table import file_uri, latest_version
 from mvsink.mint import Description
@@ -164,7 +164,7 @@ def compact_files(spark: SparkSession, shard: Shard, schema: T.StructType, error
         folded = [f.path for f in batch.error_files]
         try:
             shard.commit(table, upper, upper, REASON_COMPACTION, batch.files, commit_id=commit_id, removes=small,
-                         data_change=False, extra={META_ERRORS: json.dumps(folded)})
+                         data_change=False, extra={META_ERRORS: json.dumps(folded), META_READBACK: table.version()})
         except CommitFailedError as exc:
             if shard.landed(shard.table(), table.version(), {commit_id}) is None:
                 _discard(shard, batch, f"the commit conflicted (attempt {attempt}): {exc}")

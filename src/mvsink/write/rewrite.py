@@ -50,7 +50,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from mvsink import storage
 from mvsink.table import file_uri
 from mvsink.updates import DIFF
-from mvsink.write import _FILE_LIST_SCHEMA, StagedFile, _FileWriter
+from mvsink.write import _FILE_LIST_SCHEMA, StagedFile, _delete_if_exists, _FileWriter
 
 log = logging.getLogger(__name__)
 
@@ -449,7 +449,4 @@ def _row_text(table: pa.Table, r: int) -> str:
 def _delete_staged(target: str, files: list[StagedFile]) -> None:
     fs, root = storage.filesystem(target)
     for f in files:
-        try:
-            fs.delete_file(storage.join(root, f.path))
-        except FileNotFoundError:
-            pass
+        storage.retrying(f"deleting staged file {f.path}", _delete_if_exists, fs, storage.join(root, f.path))
