@@ -53,6 +53,9 @@ STAGED_PREFIX = "mvsink-"
 #: which Delta readers and VACUUM leave alone (see :mod:`mvsink.layout`).
 ERRORS_DIR = "_mv_errors"
 
+#: Rows a staged file buffers before writing them as one Parquet row group (in memory, Arrow).
+ROW_GROUP_BYTES = 64 << 20
+
 _FILE_LIST_SCHEMA = T.StructType(
     [
         T.StructField("path", T.StringType()),
@@ -228,6 +231,8 @@ def plain_rows(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
 class _FileWriter:
     """One staged Parquet file with its Delta statistics, opened by its first non-empty batch.
 
+    Batches are buffered into row groups of about :data:`ROW_GROUP_BYTES` (Spark hands a task
+    batches of 10,000 rows; a row group each would make the file slow to write and to read).
     On an object store the file is written locally first and then uploaded, so that an upload
     failing transiently can be tried again (the rows stream by only once)."""
 
@@ -235,6 +240,8 @@ class _FileWriter:
         self.target, self.name = target, name
         self.remote = storage.is_s3(target)
         self.writer = self.sink = self.stats = self.local_dir = None
+        self.buffered: list[pa.RecordBatch] = []
+        self.buffered_bytes = 0
 
     def _open(self, schema: pa.Schema) -> None:
         fs, root = storage.filesystem(self.target)
@@ -255,14 +262,25 @@ class _FileWriter:
             return
         if self.writer is None:
             self._open(batch.schema)
-        self.writer.write_batch(batch)
-        self.stats.add(batch)
+        self.buffered.append(batch)
+        self.buffered_bytes += batch.nbytes
+        if self.buffered_bytes >= ROW_GROUP_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.buffered:
+            return
+        rows = pa.Table.from_batches(self.buffered)
+        self.writer.write_table(rows, row_group_size=rows.num_rows)
+        self.stats.add(rows)
+        self.buffered, self.buffered_bytes = [], 0
 
     def close(self) -> dict | None:
         """Finish the file (upload it, on an object store); its file-list row, None if empty."""
         if self.writer is None:
             return None
         try:
+            self._flush()
             self.writer.close()
             self.sink.close()
             fs, root = storage.filesystem(self.target)
@@ -279,6 +297,7 @@ class _FileWriter:
                 "stats": pa.array([self.stats.to_json()])}
 
     def abort(self) -> None:
+        self.buffered = []
         if self.writer is not None:
             try:
                 self.writer.close()

@@ -57,9 +57,11 @@ def stage_plain(spark: SparkSession, updates: DataFrame, desc: Description, targ
     as the read-back saw them); see the module doc."""
     prefix = staged_prefix(view_id, desc, replica_id)
     if table_files and key_ranges is None:
+        started = time.monotonic()
         gathered = updates.limit(GATHERED_UPDATES + 1).toArrow()
         if gathered.num_rows <= GATHERED_UPDATES:
-            return _stage_gathered(spark, gathered, desc, target, table_files, columns, prune_column, prefix)
+            return _stage_gathered(spark, gathered, desc, target, table_files, columns, prune_column, prefix,
+                                   time.monotonic() - started)
     rewrites = None
     if table_files:
         retractions = updates.where(F.col(ERROR).isNull() & (F.col(DIFF) < 0))
@@ -75,7 +77,7 @@ def stage_plain(spark: SparkSession, updates: DataFrame, desc: Description, targ
 
 def _stage_gathered(spark: SparkSession, updates: pa.Table, desc: Description, target: str,
                     table_files: list[TableFile], columns: list[str], prune_column: str,
-                    prefix: str) -> StagedBatch:
+                    prefix: str, gathering: float) -> StagedBatch:
     started = time.monotonic()
     ok = pc.is_null(updates.column(ERROR))
     rows = updates.filter(ok)
@@ -88,10 +90,12 @@ def _stage_gathered(spark: SparkSession, updates: pa.Table, desc: Description, t
         wanted = retractions.select(columns).append_column(COPIES, pc.negate(retractions.column(DIFF)))
         rewrites, inserts = rewrite_gathered(spark, wanted, inserts, table_files, target, prefix, prune_column)
         batch.files, batch.removes = rewrites.files, rewrites.removes
+    rewritten = time.monotonic()
     batch.files += _write(target, f"{prefix}-driver.parquet", inserts)
     batch.error_files = _write(target, f"{ERRORS_DIR}/{prefix}-driver.parquet", updates.filter(pc.invert(ok)))
-    log.info("staged %d updates for %s through the driver in %.2fs: %d files added, %d removed",
-             updates.num_rows, desc, time.monotonic() - started, len(batch.files), len(batch.removes))
+    log.info("staged %d updates for %s through the driver: %d files added, %d removed; gathered in %.2fs, "
+             "rewrites %.2fs, driver writes %.2fs", updates.num_rows, desc, len(batch.files), len(batch.removes),
+             gathering, rewritten - started, time.monotonic() - rewritten)
     failpoints.hit("after-stage")
     return batch
 
