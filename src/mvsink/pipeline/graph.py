@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import re
 
-from py4j.protocol import Py4JJavaError
-from pyspark.errors.exceptions.captured import convert_exception
+from pyspark.errors import ParseException
 from pyspark.sql import SparkSession
 
 from mvsink.pipeline.config import PipelineConfig
@@ -51,10 +50,9 @@ def references(spark: SparkSession, statement: ViewStatement) -> set[str]:
     """The tables ``statement``'s query reads (dotted for multi-part names), less its own CTEs."""
     try:
         plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(statement.located_query())
-    except Py4JJavaError as exc:
-        error = convert_exception(exc.java_exception)
-        raise PipelineError(f"{error_line(statement, error)}: view {statement.name}: its query does not parse: "
-                            f"{first_line(error)}") from None
+    except ParseException as exc:
+        raise PipelineError(f"{error_line(statement, exc)}: view {statement.name}: its query does not parse: "
+                            f"{first_line(exc)}") from None
     relations: set[str] = set()
     ctes: set[str] = set()
     pending = [plan]
