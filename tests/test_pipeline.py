@@ -16,6 +16,7 @@ from helpers import create_source
 from mvsink import MaterializedView
 from mvsink.check import check_table
 from mvsink.pipeline import PipelineError, load_pipeline
+from mvsink.replica import cli
 from mvsink.view import view_from_spec
 
 
@@ -73,7 +74,7 @@ def test_bad_input_is_refused_with_its_file_and_line_and_nothing_written(spark, 
     assert not (tmp_path / "views").exists()
 
 
-def test_a_pipeline_in_one_session_is_exact_at_every_time_and_consistent(spark, tmp_path):
+def test_a_pipeline_in_one_session_is_exact_at_every_time_and_consistent(spark, tmp_path, capsys):
     rng = random.Random(27)
     sources = write_pipeline(spark, tmp_path)
     pipeline = load_pipeline(spark, tmp_path)
@@ -102,3 +103,11 @@ def test_a_pipeline_in_one_session_is_exact_at_every_time_and_consistent(spark, 
     upper = min(v.frontier() for v in views)
     for t in range(upper):
         views_agree(targets, t)
+
+    assert cli.main(["explain", "--pipeline", str(tmp_path)]) == 0
+    explained = capsys.readouterr().out
+    assert f"view nation_revenue ({tmp_path}/sql/gold.sql:11): level 2, key (n_name)" in explained
+    assert "    reads customer_revenue\n" in explained and "view_customer_revenue --> view_nation_revenue" in explained
+    assert cli.main(["status", "--pipeline", str(tmp_path)]) == 0
+    status = capsys.readouterr().out
+    assert all(f"view {view} in {targets[view]} (table layout" in status for view in VIEWS), status

@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> None:
             return
         for view, state in states.items():
             if isinstance(state, str):
-                print(f"view {view}: not written yet ({state})")
+                print(f"view {view}: {state}")
             else:
                 print_table_status(state, False)
         return
