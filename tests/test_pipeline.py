@@ -57,6 +57,7 @@ BAD = {
                          "(its columns: o_orderkey, o_totalprice)"),
     "query does not analyze": ({"a.sql": GOOD + "CREATE MATERIALIZED VIEW v AS\nSELECT o_orderkey,\n  nope\nFROM big"},
                                "a.sql:4: view v: its query cannot be analyzed: [UNRESOLVED_COLUMN"),
+    "unknown setting": ({"a.sql": GOOD, "pipeline.yaml": "target: x"}, "pipeline.yaml: unknown settings ['target']"),
     "unknown view setting": ({"a.sql": GOOD, "pipeline.yaml": "views: {other: {layout: table}}"},
                              "views.other: no view 'other' is defined"),
 }

@@ -225,23 +225,29 @@ def spec_from_yaml(path: str | os.PathLike) -> dict:
     paths are resolved against.
     """
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config file {path} must hold a mapping")
-    unknown = set(raw) - _SETTINGS
-    if unknown:
-        raise ConfigError(f"{path}: unknown settings {sorted(unknown)}; known: {sorted(_SETTINGS)}")
+    raw = yaml_mapping(path, _SETTINGS)
     base = str(path.parent.absolute())
     spec = {**raw, "base_dir": base}
     for required in ("view_id", "target", "input"):
         if required not in spec:
             raise ConfigError(f"{path}: missing required setting {required!r}")
     return spec
+
+
+def yaml_mapping(path: Path, known: set[str], what: str = "config file") -> dict:
+    """The mapping YAML file ``path`` holds, whose keys are all ``known`` settings."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{what} {path} must hold a mapping")
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"{path}: unknown settings {sorted(unknown)}; known: {sorted(known)}")
+    return raw
 
 
 def shared_spec(spec: dict) -> dict:

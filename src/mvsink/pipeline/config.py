@@ -17,10 +17,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from mvsink.pipeline.parse import PipelineError, ViewStatement, parse_file
-from mvsink.view import normalize_path
+from mvsink.view import ConfigError, normalize_path, yaml_mapping
 
 CONFIG_FILE = "pipeline.yaml"
 _SETTINGS = {"sources", "targets", "timeline", "defaults", "views"}
@@ -52,15 +50,9 @@ def read_config(path: str | os.PathLike) -> PipelineConfig:
     """The pipeline at ``path`` (a folder or its YAML file), checked as the module doc says."""
     path = config_path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise PipelineError(f"pipeline file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise PipelineError(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise PipelineError(f"{path} must hold a mapping")
-    if unknown := set(raw) - _SETTINGS:
-        raise PipelineError(f"{path}: unknown settings {sorted(unknown)}; known: {sorted(_SETTINGS)}")
+        raw = yaml_mapping(path, _SETTINGS, "pipeline file")
+    except ConfigError as exc:
+        raise PipelineError(str(exc)) from None
     base = path.parent.absolute()
 
     def absolute(p) -> str:
