@@ -16,6 +16,7 @@ from helpers import create_source
 from mvsink import MaterializedView
 from mvsink.check import check_table
 from mvsink.pipeline import PipelineError, load_pipeline
+from mvsink.pipeline.parse import parse_file
 from mvsink.replica import cli
 from mvsink.view import view_from_spec
 
@@ -112,3 +113,15 @@ def test_a_pipeline_in_one_session_is_exact_at_every_time_and_consistent(spark, 
     assert cli.main(["status", "--pipeline", str(tmp_path)]) == 0
     status = capsys.readouterr().out
     assert all(f"view {view} in {targets[view]} (table layout" in status for view in VIEWS), status
+
+
+def test_statements_split_at_semicolons_outside_strings_comments_and_quoted_names(tmp_path):
+    path = tmp_path / "v.sql"
+    path.write_text("/* a; /* nested; */ still; */\n-- ; \n"
+                    "CREATE MATERIALIZED VIEW `a` KEY (x, `y`) AS SELECT ';' AS x, \"\\\";\" AS `y;` FROM t;\n"
+                    ";\n  create materialized view b as\n  select 1 -- end;")
+    a, b = parse_file(path)
+    assert (a.name, a.key, a.line, a.query_line, a.query_column) == ("a", ("x", "y"), 3, 3, 44)
+    assert a.query == " SELECT ';' AS x, \"\\\";\" AS `y;` FROM t"
+    assert (b.name, b.key, b.line, b.query) == ("b", (), 5, "\n  select 1 -- end;")
+    assert b.located_query().splitlines()[5] == "  select 1 -- end;"

@@ -136,8 +136,9 @@ def parse_file(path: Path) -> list[ViewStatement]:
 
 
 def _statement(text: str, start: int, end: int, path: Path) -> ViewStatement:
-    tokens = _tokens(text[:end], start)
-    line = _line_column(text, next(_tokens(text[:end], start))[1])[0]
+    first = next(_tokens(text[:end], start))  # the statement holds more than comments: a token
+    line = _line_column(text, first[1])[0]
+    tokens = _tokens(text[:end], first[1])
 
     def fail(message: str, offset: int | None = None) -> PipelineError:
         return PipelineError(f"{path}:{_line_column(text, offset)[0] if offset is not None else line}: {message}")
