@@ -4,16 +4,19 @@ A folder holds ``pipeline.yaml`` (sources, target root, timeline, defaults:
 :mod:`mvsink.pipeline.config`) and ``*.sql`` files of ``CREATE MATERIALIZED VIEW name [KEY
 (col, ...)] AS SELECT ...`` statements (:mod:`mvsink.pipeline.parse`). A view reads sources and
 other views by name; :mod:`mvsink.pipeline.graph` orders them and makes each one query over the
-sources, so the pipeline is consistent at every time.
+sources, so the pipeline is consistent at every time; :mod:`mvsink.pipeline.explain` shows it
+(``mvsink explain``) and reads its views' state (``mvsink status --pipeline``).
 
 :func:`load_pipeline` checks everything before anything runs, each failure a
 :class:`PipelineError` naming the file and line: a statement that is not a view's, a query that
 does not parse or analyze (over the sources' current schemas), an unknown source or view, a cycle,
 a view defined twice, two views with one target, a key column the query does not produce.
 :meth:`Pipeline.view_specs` are then plain view specifications (:func:`mvsink.view.view_from_spec`),
-one per view, each a snapshot view over all the pipeline's sources on its timeline, in dependency
-order: the job creates them as ``CreateDataflow`` commands, so a pipeline runs as a replica like
-a single view (several replicas, read-only, cutover, fencing per view).
+one per view, each a snapshot view over all the pipeline's sources on its timeline (as the
+timeline requires; so today each is evaluated in full at each time: the row-wise and
+linear-aggregate strategies need a view of one source), in dependency order: the job creates
+them as ``CreateDataflow`` commands, so a pipeline runs as a replica like a single view (several
+replicas, read-only, cutover, fencing per view).
 """
 
 from __future__ import annotations
