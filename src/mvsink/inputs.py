@@ -54,7 +54,7 @@ from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 from mvsink.table import change_data_bytes, latest_version, spark_uri
 from mvsink.timeline import Timeline
 from mvsink.updates import DIFF, ERROR, TIME, consolidate, table_schema
-from mvsink.view import ChangesInput, ConfigError, SnapshotInput, ViewDefinition
+from mvsink.view import ChangesInput, ConfigError, SnapshotInput, ViewDefinition, sources_named
 
 log = logging.getLogger(__name__)
 
@@ -399,7 +399,7 @@ class SnapshotDesired(Desired):
                 (rows,) = sources.values()  # one unnamed source: the function takes it alone
                 result = self.input.query(rows)
             else:
-                result = self.input.query(**sources)
+                result = self.input.query(**sources_named(self.input.query, sources))
         except ParseException as exc:
             raise ConfigError(f"{where}: its SQL does not parse: {_first_line(exc)}") from None
         except AnalysisException as exc:

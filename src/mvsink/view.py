@@ -9,8 +9,9 @@ both deterministic across replicas (same sources, same times, same rows):
   ``map_row`` (filter, project, map one row) runs on each changed row and keeps its time and diff;
   a row it fails on becomes an error update.
 * :class:`SnapshotInput`: a query over the sources read at the versions of each time: Spark SQL
-  text (the sources registered under their names) or a Python function given the sources as
-  DataFrames by name (or, for a view with one unnamed source, the source DataFrame alone). A view
+  text (the sources registered under their names) or a Python function given, as DataFrames by
+  name, the sources its signature names (all of them if it takes ``**kwargs``; for a view with one
+  unnamed source, the source DataFrame alone). A view
   over snapshots changes only where consecutive results differ (a keyed anti-join).
 
 A view definition can also be loaded from YAML (see README), functions named as
@@ -20,6 +21,7 @@ A view definition can also be loaded from YAML (see README), functions named as
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import re
 import socket
@@ -76,6 +78,19 @@ def source_name(path: str) -> str:
     """The name a view's only source gets when the view names none: its directory's name."""
     name = re.sub(r"[^A-Za-z0-9_]", "_", path.rstrip("/").rsplit("/", 1)[-1]) or "source"
     return name if _NAME.match(name) else f"_{name}"
+
+
+def sources_named(function: Callable, sources: Mapping[str, DataFrame]) -> dict[str, DataFrame]:
+    """The ``sources`` a query function takes by name: those its signature names, or all of them
+    if it takes ``**kwargs`` (or its signature cannot be read)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return dict(sources)
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return dict(sources)
+    names = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {name: rows for name, rows in sources.items() if name in names}
 
 
 def default_replica_id() -> str:
@@ -210,23 +225,29 @@ def spec_from_yaml(path: str | os.PathLike) -> dict:
     paths are resolved against.
     """
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config file {path} must hold a mapping")
-    unknown = set(raw) - _SETTINGS
-    if unknown:
-        raise ConfigError(f"{path}: unknown settings {sorted(unknown)}; known: {sorted(_SETTINGS)}")
+    raw = yaml_mapping(path, _SETTINGS)
     base = str(path.parent.absolute())
     spec = {**raw, "base_dir": base}
     for required in ("view_id", "target", "input"):
         if required not in spec:
             raise ConfigError(f"{path}: missing required setting {required!r}")
     return spec
+
+
+def yaml_mapping(path: Path, known: set[str], what: str = "config file") -> dict:
+    """The mapping YAML file ``path`` holds, whose keys are all ``known`` settings."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{what} {path} must hold a mapping")
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"{path}: unknown settings {sorted(unknown)}; known: {sorted(known)}")
+    return raw
 
 
 def shared_spec(spec: dict) -> dict:

@@ -6,6 +6,8 @@ nothing: running views are kept as they are), sends one command and prints the a
     mvsink --replica HOST:PORT status
     mvsink status --target PATH [--view ID] [--timeline PATH]     (any job, or none: reads the table)
     mvsink status --config view.yaml
+    mvsink status --pipeline DIR                                  (every view of a pipeline, from its tables)
+    mvsink explain --pipeline DIR [--mermaid]                     (a pipeline's views, dependencies, graph)
     mvsink --replica HOST:PORT create --config view.yaml
     mvsink --replica HOST:PORT allow-writes
     mvsink --replica HOST:PORT peek VIEW [--time T] [--where EXPR] [--columns a,b] [--limit N] [--offset N]
@@ -49,8 +51,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     status.add_argument("--json", action="store_true", help="print the raw status as JSON")
     status.add_argument("--target", help="read the view's state from this target table (no --replica)")
     status.add_argument("--config", help="read the state of this view definition's target (no --replica)")
+    status.add_argument("--pipeline", help="read the state of every view of this pipeline (no --replica)")
     status.add_argument("--view", help="with --target: the view id (default: the table's newest writer)")
     status.add_argument("--timeline", help="with --target: the timeline (default <target>_timeline)")
+    explain = commands.add_parser("explain", help="a pipeline's views, their dependencies and a Mermaid graph "
+                                                  "(loads it as a job would: also the check that it starts)")
+    explain.add_argument("--pipeline", required=True, help="the pipeline's folder (or its pipeline.yaml)")
+    explain.add_argument("--mermaid", action="store_true", help="print only the Mermaid graph")
     commands.add_parser("create", help="create and schedule a view").add_argument("--config", required=True)
     commands.add_parser("allow-writes", help="end read-only mode (for good)")
     peek = commands.add_parser("peek", help="a view's rows at a time")
@@ -90,12 +97,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     version.add_argument("--time", type=int, required=True, help="a time below the view's upper")
     version.add_argument("--view", help="the view's id (default: the writer of the table's newest commit)")
     args = parser.parse_args(argv)
-    from_table = args.command == "status" and (args.target or args.config)
-    if args.command == "status" and args.target and args.config:
-        parser.error("status: give --target or --config, not both")
+    from_table = args.command == "status" and (args.target or args.config or args.pipeline)
+    if args.command == "status" and sum(map(bool, (args.target, args.config, args.pipeline))) > 1:
+        parser.error("status: give one of --target, --config and --pipeline")
     if args.command == "status" and (args.view or args.timeline) and not args.target:
         parser.error("status: --view and --timeline go with --target")
-    if args.command not in ("cutover", "sql", "version") and not from_table and not args.replica:
+    if args.command not in ("cutover", "sql", "version", "explain") and not from_table and not args.replica:
         parser.error(f"{args.command} needs --replica HOST:PORT" + (
             " (or --target PATH / --config view.yaml)" if args.command == "status" else ""))
     if args.command == "plan" and args.limit < 0:
@@ -183,6 +190,28 @@ def _hydration(view: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.command == "explain":
+        from mvsink.pipeline import load_pipeline
+        from mvsink.pipeline.explain import explain
+        from mvsink.spark import spark_session
+
+        pipeline = load_pipeline(spark_session("mvsink-explain"), args.pipeline)
+        print(pipeline.graph.mermaid() if args.mermaid else explain(pipeline))
+        return
+    if args.command == "status" and args.pipeline:
+        from mvsink.pipeline import read_config
+        from mvsink.pipeline.explain import pipeline_status
+
+        states = pipeline_status(read_config(args.pipeline))
+        if args.json:
+            print(json.dumps(states, indent=2, sort_keys=True))
+            return
+        for view, state in states.items():
+            if isinstance(state, str):
+                print(f"view {view}: {state}")
+            else:
+                print_table_status(state, False)
+        return
     if args.command == "status" and (args.target or args.config):
         if args.config:
             view = view_from_spec(spec_from_yaml(args.config), read_only=True)

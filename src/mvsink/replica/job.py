@@ -1,9 +1,11 @@
-"""A replica as a job: ``spark-submit mvsink_job.py [--config view.yaml] [--listen HOST:PORT] [--read-only]``.
+"""A replica as a job: ``spark-submit mvsink_job.py [--config view.yaml | --pipeline DIR] [--listen HOST:PORT] [--read-only]``.
 
 The job holds one :class:`~mvsink.replica.state.ComputeState` and drives it with protocol commands:
 
 * ``--config view.yaml`` (stand-alone): the job issues its own commands: ``CreateTimely``,
   ``CreateInstance``, ``CreateDataflow`` and ``Schedule`` for the view, ``InitializationComplete``.
+* ``--pipeline DIR`` (stand-alone): the same for every view of the pipeline
+  (:mod:`mvsink.pipeline`), in dependency order, all in this job's one Spark session.
 * ``--listen HOST:PORT``: a controller connects over gRPC and sends the commands
   (:mod:`mvsink.replica.server`). With ``--config`` as well, the view runs from the start and a
   controller that connects later reconciles with it.
@@ -51,20 +53,25 @@ EXIT_PARENT_GONE = 143
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="mvsink_job.py", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="the view definition (YAML); the job runs it stand-alone")
+    parser.add_argument("--pipeline", metavar="DIR",
+                        help="a pipeline (folder of SQL files and pipeline.yaml); the job runs all its views")
     parser.add_argument("--listen", metavar="HOST:PORT", help="serve the replica protocol (gRPC) here")
     parser.add_argument("--read-only", action="store_true", default=None,
                         help="start read-only: compute and keep up, write nothing until allowed")
     parser.add_argument("--replica-id", help="this replica's name in commit metadata (default host-pid)")
     parser.add_argument("--allow-writes-file", help="allow writes once this file exists (or on SIGUSR1)")
-    parser.add_argument("--trigger-seconds", type=float, default=2.0, help="seconds between steps")
+    parser.add_argument("--trigger-seconds", type=float,
+                        help="seconds between steps (default: the pipeline's trigger_seconds, else 2)")
     parser.add_argument("--orphan-grace-seconds", type=float, default=3600.0,
                         help="age after which unreferenced staged files are deleted")
     parser.add_argument("--log-level", default=os.environ.get("MVSINK_LOG_LEVEL", "INFO"))
     parser.add_argument("--metrics-port", type=int,
                         help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)")
     args = parser.parse_args(argv)
-    if not args.config and not args.listen:
-        parser.error("give --config (stand-alone), --listen (controlled), or both")
+    if args.config and args.pipeline:
+        parser.error("give --config or --pipeline, not both")
+    if not args.config and not args.pipeline and not args.listen:
+        parser.error("give --config or --pipeline (stand-alone), --listen (controlled), or both")
     return args
 
 
@@ -96,15 +103,29 @@ def main(argv: list[str] | None = None) -> int:
     from mvsink.spark import spark_session
 
     spark = spark_session(f"mvsink-{replica_id}")
-    state = ComputeState(replica_id, lambda: spark, read_only_start=read_only,
-                         trigger_seconds=args.trigger_seconds, log_level=args.log_level)
+    trigger_seconds = args.trigger_seconds
+    views = [shared_spec(spec)] if spec is not None else []
+    if args.pipeline:
+        from mvsink.pipeline import load_pipeline
 
-    if spec is not None:
+        try:
+            pipeline = load_pipeline(spark, args.pipeline)
+        except ConfigError as exc:
+            log.error("bad configuration: %s", exc)
+            spark.stop()
+            return 2
+        views = pipeline.view_specs()
+        trigger_seconds = trigger_seconds or pipeline.config.trigger_seconds
+        log.info("pipeline %s: views %s", pipeline.config.path, ", ".join(v["view_id"] for v in views))
+    state = ComputeState(replica_id, lambda: spark, read_only_start=read_only,
+                         trigger_seconds=trigger_seconds or 2.0, log_level=args.log_level)
+
+    if views:
         own = LogConnection()
         state.connect(own)
-        view = shared_spec(spec)
-        for command in (CreateTimely(), CreateInstance(args.orphan_grace_seconds), CreateDataflow(view),
-                        Schedule(view["view_id"]), InitializationComplete()):
+        creates = [c for view in views for c in (CreateDataflow(view), Schedule(view["view_id"]))]
+        for command in (CreateTimely(), CreateInstance(args.orphan_grace_seconds), *creates,
+                        InitializationComplete()):
             state.handle(own, command)
         if own.errors:
             state.shutdown()

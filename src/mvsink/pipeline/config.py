@@ -1,0 +1,125 @@
+"""``pipeline.yaml`` and the SQL files beside it: which views, where they read, where they go.
+
+The YAML names the sources (name -> Delta path), the target root (a view's target is
+``<targets>/<view name>`` unless ``views.<name>.target`` says otherwise), the timeline (default
+``<targets>/_timeline``) and defaults for every view (``retain_history``, ``layout``, ``as_of``,
+``trigger_seconds``); ``views.<name>`` may override them per view. The views are the
+``CREATE MATERIALIZED VIEW`` statements of every ``*.sql`` file under the folder.
+
+Invariants (checked here, without Spark): view names are unique (case-insensitively, as Spark's
+names are) and none is a source's name; no two views share a target, and no target is a source or
+the timeline; every per-view setting names a view. Relative paths are relative to the YAML file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from mvsink.pipeline.parse import PipelineError, ViewStatement, parse_file
+from mvsink.view import ConfigError, normalize_path, yaml_mapping
+
+CONFIG_FILE = "pipeline.yaml"
+_SETTINGS = {"sources", "targets", "timeline", "defaults", "views"}
+#: What ``defaults`` and ``views.<name>`` may set; ``target`` only per view.
+VIEW_SETTINGS = {"retain_history", "layout", "as_of"}
+_DEFAULTS = VIEW_SETTINGS | {"trigger_seconds"}
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    path: Path
+    sources: dict[str, str]
+    timeline: str
+    #: view name -> its statement, in file order.
+    statements: dict[str, ViewStatement]
+    targets: dict[str, str]
+    #: view name -> its settings (``retain_history``, ``layout``, ``as_of``), defaults applied.
+    settings: dict[str, dict]
+    trigger_seconds: float | None
+
+
+def config_path(path: str | os.PathLike) -> Path:
+    """The pipeline's YAML file: ``path`` itself, or ``pipeline.yaml`` in the folder ``path``."""
+    path = Path(path)
+    return path / CONFIG_FILE if path.is_dir() else path
+
+
+def read_config(path: str | os.PathLike) -> PipelineConfig:
+    """The pipeline at ``path`` (a folder or its YAML file), checked as the module doc says."""
+    path = config_path(path)
+    try:
+        raw = yaml_mapping(path, _SETTINGS, "pipeline file")
+    except ConfigError as exc:
+        raise PipelineError(str(exc)) from None
+    base = path.parent.absolute()
+
+    def absolute(p) -> str:
+        if not isinstance(p, str):
+            raise PipelineError(f"{path}: a path must be text, not {p!r}")
+        return normalize_path(p if "://" in p or os.path.isabs(p) else str(base / p))
+
+    sources = raw.get("sources")
+    if not isinstance(sources, dict) or not sources:
+        raise PipelineError(f"{path}: sources must map names to Delta table paths")
+    sources = {str(name): absolute(p) for name, p in sources.items()}
+    if "targets" not in raw:
+        raise PipelineError(f"{path}: missing targets (the folder the views' tables go in)")
+    root = absolute(raw["targets"])
+    timeline = absolute(raw.get("timeline") or f"{root}/_timeline")
+    defaults = _mapping(raw, "defaults", path)
+    if unknown := set(defaults) - _DEFAULTS:
+        raise PipelineError(f"{path}: unknown defaults {sorted(unknown)}; known: {sorted(_DEFAULTS)}")
+    per_view = _mapping(raw, "views", path)
+
+    statements: dict[str, ViewStatement] = {}
+    files = sorted(p for p in path.parent.rglob("*.sql") if p.is_file())
+    lowered = {name.lower(): name for name in sources}
+    for file in files:
+        for statement in parse_file(file):
+            same = lowered.get(statement.name.lower())
+            if same in sources:
+                raise PipelineError(f"{statement.where}: view {statement.name} has the name of source {same}")
+            if same is not None:
+                raise PipelineError(f"{statement.where}: view {statement.name} is defined twice; "
+                                    f"first at {statements[same].where}")
+            lowered[statement.name.lower()] = statement.name
+            statements[statement.name] = statement
+    if not statements:
+        raise PipelineError(f"{path}: no CREATE MATERIALIZED VIEW statement in any .sql file under {path.parent}")
+
+    targets, settings = {}, {}
+    for name in per_view:
+        if name not in statements:
+            raise PipelineError(f"{path}: views.{name}: no view {name!r} is defined (views: {sorted(statements)})")
+    for name in statements:
+        own = per_view.get(name) or {}
+        if not isinstance(own, dict) or (unknown := set(own) - VIEW_SETTINGS - {"target"}):
+            raise PipelineError(f"{path}: views.{name} may set {sorted(VIEW_SETTINGS | {'target'})}, not {own!r}")
+        targets[name] = absolute(own["target"]) if "target" in own else f"{root}/{name}"
+        settings[name] = {k: v for k, v in {**defaults, **own}.items() if k in VIEW_SETTINGS}
+    _check_targets(path, statements, targets, sources, timeline)
+    trigger = defaults.get("trigger_seconds")
+    return PipelineConfig(path, sources, timeline, statements, targets, settings,
+                          float(trigger) if trigger is not None else None)
+
+
+def _mapping(raw: dict, name: str, path: Path) -> dict:
+    value = raw.get(name) or {}
+    if not isinstance(value, dict):
+        raise PipelineError(f"{path}: {name} must be a mapping, not {value!r}")
+    return value
+
+
+def _check_targets(path: Path, statements: dict[str, ViewStatement], targets: dict[str, str],
+                   sources: dict[str, str], timeline: str) -> None:
+    owner: dict[str, str] = {}
+    for name, target in targets.items():
+        where = statements[name].where
+        if target in owner:
+            raise PipelineError(f"{where}: views {owner[target]} ({statements[owner[target]].where}) and "
+                                f"{name} have one target {target}; give one of them views.<name>.target in {path}")
+        if target in sources.values() or target == timeline:
+            raise PipelineError(f"{where}: the target {target} of view {name} is a source or the timeline")
+        owner[target] = name

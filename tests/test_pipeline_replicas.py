@@ -1,0 +1,108 @@
+"""A pipeline run as replica processes (``mvsink_job.py --pipeline DIR``): two replicas of six views
+on one timeline, one killed with SIGKILL and restarted while the sources change, then a read-only
+replica of a changed pipeline promoted (its changed views fence the old replicas, which exit 3):
+every view at every committed version and time equal to DuckDB over the sources at that time's
+versions (the old SQL before a changed view's switch, the new from it), and views read at one time
+agree; a bad pipeline stops the job at start (exit 2, the file and line logged, nothing written)."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+
+from helpers import JOB, ROOT, Replica, log_history, wait_for
+from mvsink.check import caught_up, check_table
+from mvsink.pipeline import read_config
+from pipeline_tpch import GOLD, SILVER, VIEWS, Independent, random_commit, views_agree, write_pipeline
+
+#: The new pipeline's one change; it reaches the two views over it as well.
+CHANGED = {"customer_nation", "customer_revenue", "nation_revenue"}
+
+
+def _all_caught_up(targets: dict[str, str], timeline: str) -> bool:
+    return all(caught_up(targets[view], view, timeline) for view in VIEWS)
+
+
+def test_two_replicas_a_kill_and_a_promoted_changed_pipeline(spark, tmp_path):
+    rng = random.Random(2727)
+    blue_dir, green_dir, logs = tmp_path / "blue", tmp_path / "green", tmp_path / "logs"
+    logs.mkdir()
+    sources = write_pipeline(spark, blue_dir)
+    config = read_config(blue_dir)
+    targets, timeline = config.targets, config.timeline
+    (green_dir / "sql").mkdir(parents=True)
+    (green_dir / "sql" / "silver.sql").write_text(SILVER.replace(
+        "ON c.c_nationkey = n.n_nationkey", "ON c.c_nationkey = n.n_nationkey WHERE n.n_name <> 'DE'"))
+    (green_dir / "sql" / "gold.sql").write_text(GOLD)
+    (green_dir / "pipeline.yaml").write_text((blue_dir / "pipeline.yaml").read_text().replace(
+        "data/", f"{blue_dir}/data/").replace("targets: views", f"targets: {blue_dir}/views")
+        .replace("timeline: views/", f"timeline: {blue_dir}/views/"))
+    assert read_config(green_dir).targets == targets
+
+    blue = [Replica(None, f"blue{i}", logs, "--pipeline", str(blue_dir)).start() for i in range(2)]
+    allow = tmp_path / "allow-green"
+    green = Replica(None, "green", logs, "--pipeline", str(green_dir), "--read-only",
+                    "--allow-writes-file", str(allow))
+    next_key = [100]
+    try:
+        wait_for(lambda: _all_caught_up(targets, timeline), timeout=400, what="every view's first commit",
+                 watch=tuple(blue))
+        for n in range(10):
+            random_commit(spark, sources, rng, n, next_key)
+            if n == 3:
+                blue[0].kill(signal.SIGKILL)
+            if n == 7:
+                blue[0].start()
+        wait_for(lambda: _all_caught_up(targets, timeline), timeout=400, what="the blue replicas to catch up",
+                 watch=tuple(blue))
+        green.start()
+        wait_for(lambda: green.logs().count("hydration done") >= len(VIEWS), timeout=400,
+                 what="green to hydrate every view", watch=(green,))
+        random_commit(spark, sources, rng, 10, next_key)
+        allow.touch()
+        for replica in blue:
+            wait_for(lambda: not replica.alive(), timeout=300, what=f"{replica.replica_id} to be fenced")
+            assert replica.proc.returncode == 3, replica.logs()[-3000:]
+        for n in range(11, 13):
+            random_commit(spark, sources, rng, n, next_key)
+        wait_for(lambda: _all_caught_up(targets, timeline), timeout=400, what="green to catch up", watch=(green,))
+    finally:
+        for replica in (*blue, green):
+            replica.kill(signal.SIGTERM)
+
+    old, new = Independent(blue_dir, sources, timeline), Independent(green_dir, sources, timeline)
+    uppers, blue_writers = [], set()
+    for view in VIEWS:
+        history = [h for h in reversed(log_history(targets[view])) if h.get("mvsink.view") == view]
+        writers = [h["mvsink.replica"] for h in history]
+        assert "green" in writers, (view, set(writers))
+        blue_writers |= set(writers) - {"green"}
+        uppers.append(int(history[-1]["mvsink.upper"]))
+        if view not in CHANGED:
+            result = check_table(targets[view], view, VIEWS[view], old.expected(view))
+            assert result.ok, (view, result.problems[:3])
+            continue
+        first_green = writers.index("green")
+        assert not {"blue0", "blue1"} & set(writers[first_green:]), f"{view}: blue wrote after green's fence"
+        switch_version, switch_lower = history[first_green]["version"], int(history[first_green]["mvsink.lower"])
+        before = check_table(targets[view], view, VIEWS[view], old.expected(view))
+        assert not [v for v in before.bad_times if v < switch_version], (view, before.problems[:3])
+        after = check_table(targets[view], view, VIEWS[view],
+                            lambda t: (new if t >= switch_lower else old).at(t)[view], from_version=switch_version)
+        assert after.ok, (view, after.problems[:3])
+        print(f"{view}: green from table version {switch_version} (time {switch_lower}): {after.summary()}")
+    assert blue_writers == {"blue0", "blue1"}, "both blue replicas won commits"
+    for t in range(min(uppers)):
+        views_agree(targets, t)
+
+
+def test_a_bad_pipeline_stops_the_job_at_start(tmp_path):
+    (tmp_path / "pipeline.yaml").write_text(f"sources: {{orders: {tmp_path}/orders}}\ntargets: views\n")
+    (tmp_path / "v.sql").write_text("-- a view\nCREATE MATERIALIZED VIEW v AS SELECT * FROM nope")
+    done = subprocess.run([sys.executable, str(JOB), "--pipeline", str(tmp_path)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{tmp_path}/v.sql:2: view v reads nope" in done.stderr
+    assert not (tmp_path / "views").exists()
