@@ -680,13 +680,13 @@ def through_commits_without_feed(spark, view, src: str, caplog, without_feed: st
 
     spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
     spark.sql(without_feed)
-    with caplog.at_level(logging.WARNING, logger="mvsink.inputs"):
+    with caplog.at_level(logging.WARNING, logger="mvsink.desired"):
         view.run_until_caught_up()
     assert any("cannot be read" in r.getMessage() for r in caplog.records), caplog.text
     spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
     with_feed()
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="mvsink.inputs"):
+    with caplog.at_level(logging.WARNING, logger="mvsink.desired"):
         view.run_until_caught_up()
     assert not any("cannot be read" in r.getMessage() for r in caplog.records), "from the feed again"
 

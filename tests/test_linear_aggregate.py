@@ -1,4 +1,4 @@
-"""Linear aggregate views (:mod:`mvsink.linear_aggregate`): which queries are, and that their changes
+"""Linear aggregate views (:mod:`mvsink.desired.linear_aggregate`): which queries are, and that their changes
 from the source's change feed are exactly the differences of the query's results (groups that
 appear and vanish, null groups, sums of nulls, decimals), beside the same view recomputed."""
 
@@ -11,9 +11,10 @@ import pytest
 
 from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
                      query_results_at_every_time, random_commit, through_commits_without_feed)
-from mvsink import MaterializedView, SnapshotInput, ViewDefinition, inputs, view_errors
-from mvsink.linear_aggregate import linear_aggregate
-from mvsink.row_wise import TABLE_SCAN
+from mvsink import MaterializedView, SnapshotInput, ViewDefinition, view_errors
+from mvsink.desired import snapshot
+from mvsink.desired.linear_aggregate import linear_aggregate
+from mvsink.desired.row_wise import TABLE_SCAN
 
 SCHEMA = "id BIGINT, grp STRING, sub INT, qty INT, price DECIMAL(10, 2), weight DOUBLE"
 QUERY = ("SELECT grp, sub, count(*) AS n, sum(qty) AS qty, count(price) AS priced, sum(price) AS total "
@@ -82,7 +83,7 @@ def test_aggregate_changes_equal_the_differences_of_the_query_results(spark, tmp
     rows of a keyless view) and, keyed, its key errors. The state is moved in one task (few
     groups, a small feed) or, as for many groups, shuffled by group."""
     if not one_task:
-        monkeypatch.setattr(inputs, "ONE_TASK_GROUPS", -1)
+        monkeypatch.setattr(snapshot, "ONE_TASK_GROUPS", -1)
     rng = random.Random(11)
     src = str(tmp_path / "src")
     create_source(spark, src, [_row(rng, i) for i in range(40)], SCHEMA)

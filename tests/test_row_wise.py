@@ -1,4 +1,4 @@
-"""Row-wise snapshot views (:mod:`mvsink.row_wise`): which queries are row-wise, and that their
+"""Row-wise snapshot views (:mod:`mvsink.desired.row_wise`): which queries are row-wise, and that their
 changes from the source's change feed are exactly the differences of the query's results."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
                      query_results_at_every_time, random_commit, through_commits_without_feed)
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view, view_errors
-from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
+from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 
 SCHEMA = "id BIGINT, grp STRING, amount DOUBLE, note STRING"
 # Projections with expressions and a filter that rows enter and leave; nulls pass both.

@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from helpers import create_source, insert
 from mvsink import ChangesInput, MaterializedView, ViewDefinition
 from mvsink.check import check_table, expected_from_source
-from mvsink.inputs import SourceChangesLost, SourceSchemaChanged
+from mvsink.desired.changes import SourceChangesLost, SourceSchemaChanged
 from mvsink.table import latest_version
 
 COLUMNS = ["id", "v"]
@@ -42,7 +42,7 @@ def test_change_data_feed_turned_off_and_on_falls_back_to_snapshots_and_stays_ex
     spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 3")
     spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
     insert(spark, src, [(4, "d")])
-    with caplog.at_level(logging.WARNING, logger="mvsink.inputs"):
+    with caplog.at_level(logging.WARNING, logger="mvsink.desired"):
         mv.run_until_caught_up()
     assert "DELTA_MISSING_CHANGE_DATA" in caplog.text and "from snapshots instead" in caplog.text
     insert(spark, src, [(5, "e")])  # and the feed is used again afterwards

@@ -33,7 +33,7 @@ DataFrames; the driver sees versions, file lists and counts.
 
 Between two steps, :meth:`MaterializedView.plan` gives the updates the next commit would write
 (for a read-only replica: its first commit once promoted), computed as a commit's are; a step that
-hydrates reports its progress through :class:`~mvsink.hydration.Hydration`.
+hydrates reports its progress through :class:`~mvsink.desired.hydration.Hydration`.
 
 The micro-batch a ``foreachBatch`` hands over only triggers a step: mvsink reads its input itself
 at the versions the timeline pins, so that all replicas see the same times and rows.
@@ -62,10 +62,11 @@ from mvsink.cleanup import clean_orphans
 from mvsink.correction import CorrectionBuffer, checkpointed, state_lost
 from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.definition import definition_id
-from mvsink.hydration import Hydration
+from mvsink.desired.changes import Changes
+from mvsink.desired.choose import desired_for
+from mvsink.desired.hydration import Hydration
+from mvsink.desired.key_check import KeyErrors, KeyRanges, touched_keys, unique_keys, unique_keys_by_shuffle
 from mvsink.layout import META_ERRORS, TABLE
-from mvsink.inputs import Changes, desired_for
-from mvsink.key_check import KeyErrors, KeyRanges, touched_keys, unique_keys, unique_keys_by_shuffle
 from mvsink.metrics import ViewMetrics
 from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
@@ -393,7 +394,7 @@ class MaterializedView:
 
     def _read_desired(self, persisted) -> Changes | DataFrame | None:
         """The input's updates from the desired frontier to the timeline's upper, held in Spark
-        (:class:`~mvsink.inputs.Changes`); at the first step the hydration's snapshot, lazy (read
+        (:class:`~mvsink.desired.changes.Changes`); at the first step the hydration's snapshot, lazy (read
         once, by the fold: its time shows in the correction phase); None if there are none."""
         desired = None
         upper = self.timeline.upper
@@ -461,7 +462,7 @@ class MaterializedView:
 
         Where the step writes the whole buffer (``desc``), the staging's tasks report their
         files' key ranges, and the snapshot is not read again where those settle the answer
-        (:class:`~mvsink.key_check.KeyRanges`); the staged files are returned for the write
+        (:class:`~mvsink.desired.key_check.KeyRanges`); the staged files are returned for the write
         (deleted if the keys are not unique: they hold the rows unconsolidated)."""
         if not self._keys_unchecked:
             return None

@@ -2,7 +2,7 @@
 
 A query is a linear aggregate when its optimized logical plan is one ``Aggregate`` that groups by
 columns (at least one) and computes only ``count(*)``, ``count(column)`` and ``sum(column)`` of an
-integral or decimal column, over a row-wise query (:mod:`mvsink.row_wise`: projections and filters
+integral or decimal column, over a row-wise query (:mod:`mvsink.desired.row_wise`: projections and filters
 of one scan). Each output column is a grouping column or one such aggregate.
 
 Such aggregates add up: over a multiset of rows each with a diff, a group's count is the sum of
@@ -28,7 +28,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.row_wise import plan_is_row_wise, plan_reads_subqueries
+from mvsink.desired.row_wise import plan_is_row_wise, plan_reads_subqueries
 from mvsink.updates import DIFF
 
 #: State columns: each group column, the group's row count, each aggregate's value and non-nulls.
