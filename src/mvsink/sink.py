@@ -117,6 +117,9 @@ class StepReport:
     #: Seconds and Spark jobs per phase (:mod:`mvsink.step_profile`).
     phase_seconds: dict[str, float] = field(default_factory=dict)
     spark_jobs: dict[str, int] = field(default_factory=dict)
+    #: How the step computed the view's changes (:attr:`mvsink.desired.changes.Changes.strategy`),
+    #: ``hydration`` for its contents at one time; None if it read none.
+    strategy: str | None = None
 
     def __str__(self) -> str:
         appended = {None: "no append", True: "won", False: "lost"}[self.appended]
@@ -126,7 +129,8 @@ class StepReport:
         return (f"table v{self.table_version} upper {self.upper}, timeline {self.timeline_upper}"
                 f"{f' (minted {self.minted_time})' if self.minted_time is not None else ''}, "
                 f"{self.corrections} corrections, batch {desc} {appended} ({self.files} files"
-                f"{f', {self.repairs} repairs' if self.repairs else ''}) in {self.seconds:.2f}s: {phases}")
+                f"{f', {self.repairs} repairs' if self.repairs else ''}) in {self.seconds:.2f}s"
+                f"{f' by {self.strategy}' if self.strategy else ''}: {phases}")
 
 
 class MaterializedView:
@@ -276,6 +280,7 @@ class MaterializedView:
     def _step(self) -> StepReport:
         started = time.monotonic()
         self._profile = profile = StepProfile(self.spark)
+        self._strategy: str | None = None
         minted = None
         try:
             persisted, minted = self._reconcile()
@@ -297,7 +302,8 @@ class MaterializedView:
             with profile.phase("correction"):
                 corrections = self.correction.count()
             report = StepReport(persisted.version, persisted.upper, self.desired_frontier, corrections,
-                                timeline_upper=self.timeline.upper, minted_time=minted, desc=desc)
+                                timeline_upper=self.timeline.upper, minted_time=minted, desc=desc,
+                                strategy=self._strategy)
             if self.hydration.running:
                 self.hydration.finish(corrections)
             if desc is not None:
@@ -403,11 +409,14 @@ class MaterializedView:
             if upper > hydrate_at:
                 self.hydration.start(hydrate_at, self.timeline.versions(hydrate_at))
                 desired = self.desired.snapshot(hydrate_at)
+                self._strategy = "hydration"
                 self.desired_frontier = hydrate_at + 1
                 self.hydrations += 1
         elif upper > self.desired_frontier:
             desired = self.desired.changes(self.desired_frontier, upper - 1)
             self.desired_frontier = upper
+            if desired is not None:
+                self._strategy = desired.strategy
         return desired
 
     def _fold(self, persisted_updates: DataFrame | None, desired: Changes | DataFrame | None, persisted,

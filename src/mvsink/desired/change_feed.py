@@ -1,12 +1,13 @@
-"""A change-feed view: a source's change data feed, each change at the first time covering it.
+"""A change-feed view: a source's changes, each at the first time covering its commit.
 
-``snapshot(t)`` is the source at time `t`'s version (diff +1), ``changes(lo, hi)`` its change data
-feed between the versions of `lo - 1` and `hi`, each change at the first time whose version covers
-its commit; rows go through ``map_row`` when given. When the feed cannot be read for the range
-(change data feed off for some version, its ``_change_data`` files removed, a schema change Delta
-cannot read across), the changes are the differences of the source's snapshots at each time's
-version instead: exact, never skipped. A snapshot that cannot be read either (files VACUUMed), or a
-column whose type changed under a view without ``map_row``, stops the view with a
+``snapshot(t)`` is the source at time `t`'s version (diff +1), ``changes(lo, hi)`` its changes
+between the versions of `lo - 1` and `hi` (:func:`source_changes`: its change data feed, or its
+commits' added and removed files where those are the changes), each change at the first time whose
+version covers its commit; rows go through ``map_row`` when given. When neither can be read for the
+range (change data feed off for a version with deletion vectors, its ``_change_data`` files removed,
+a schema change Delta cannot read across), the changes are the differences of the source's snapshots
+at each time's version instead: exact, never skipped. A snapshot that cannot be read either (files
+VACUUMed), or a column whose type changed under a view without ``map_row``, stops the view with a
 :class:`~mvsink.desired.changes.SourceChangesLost` or
 :class:`~mvsink.desired.changes.SourceSchemaChanged` naming the versions.
 """
@@ -14,6 +15,7 @@ column whose type changed under a view without ``map_row``, stops the view with 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from functools import cache, reduce
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -22,6 +24,7 @@ from pyspark.sql import types as T
 
 from mvsink.desired.changes import (Changes, SourceChangesLost, SourceSchemaChanged, feed_is_small, held_changes,
                                     unreadable)
+from mvsink.desired.log_changes import LogChangesUnavailable, has_change_data, log_changes
 from mvsink.desired.row_errors import map_rows
 from mvsink.desired.sources import Desired
 from mvsink.table import spark_uri
@@ -53,6 +56,21 @@ def change_feed(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
                                     F.lit(time)).otherwise(time_of_commit)
     source_cols = [c for c in feed.columns if c not in _CDF_COLUMNS]
     return feed.select(*source_cols, time_of_commit.cast("long").alias(TIME), _change_diff())
+
+
+def source_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]], first: int,
+                   last: int) -> DataFrame:
+    """The changes of the Delta table at ``path``, versions ``first`` to ``last``, as updates (see
+    :func:`change_feed`): from the change data feed where some commit wrote change data files,
+    else from the log's added and removed files (:mod:`mvsink.desired.log_changes`: the files the
+    feed would read for such commits, with the feed on or off); from the feed where those files
+    do not hold the table's rows (deletion vectors, a schema change)."""
+    if not has_change_data(path, first, last):
+        try:
+            return log_changes(spark, path, spans)
+        except LogChangesUnavailable as exc:
+            log.info("source %s: versions %d..%d are read from the change data feed: %s", path, first, last, exc)
+    return change_feed(spark, path, spans, first, last)
 
 
 @cache
@@ -117,18 +135,18 @@ class ChangesDesired(Desired):
                 spans.append((time, previous + 1, version))
                 previous = version
         try:
-            return held_changes(self._feed_changes(spans, first, last), lo, self.view.key,
-                                one_task=feed_is_small(self.source, first, last))
+            return replace(held_changes(self._feed_changes(spans, first, last), lo, self.view.key,
+                                        one_task=feed_is_small(self.source, first, last)), strategy="change feed")
         except Exception as exc:
             reason = unreadable(exc)
             if reason is None:
                 raise
-        log.warning("source %s: the change data feed of versions %d..%d cannot be read (%s); computing "
+        log.warning("source %s: the changes of versions %d..%d cannot be read (%s); computing "
                     "times %d..%d from snapshots instead", self.source, first, last, reason, lo, hi)
-        return self._snapshot_changes(spans, first - 1, reason)
+        return replace(self._snapshot_changes(spans, first - 1, reason), strategy="snapshot difference")
 
     def _feed_changes(self, spans: list[tuple[int, int, int]], first: int, last: int) -> DataFrame:
-        return self._to_view(change_feed(self.spark, self.source, spans, first, last))
+        return self._to_view(source_changes(self.spark, self.source, spans, first, last))
 
     def _snapshot_changes(self, spans: list[tuple[int, int, int]], before: int, feed_error: str) -> Changes:
         """The changes at each span's time as the difference of the source's snapshots at the

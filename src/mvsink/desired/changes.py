@@ -28,7 +28,7 @@ _OBSERVED = "mvsink_held_changes"
 
 #: Error conditions of a change feed (or snapshot) read that no retry can cure.
 _UNREADABLE = ("DELTA_MISSING_CHANGE_DATA", "FILE_NOT_EXIST", "FileNotFoundException", "DATA_TYPE_MISMATCH",
-               "INCOMPATIBLE_SCHEMA_CHANGE", "DELTA_CHANGE_DATA_FEED")
+               "INCOMPATIBLE_SCHEMA_CHANGE", "DELTA_CHANGE_DATA_FEED", "PATH_NOT_FOUND")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,9 @@ class Changes:
     #: The key columns of the updates whose key's row count changes (a key may repeat; lazy over
     #: the held rows); None where not known: :func:`mvsink.desired.key_check.touched_keys` finds them.
     touched: DataFrame | None = None
+    #: How they were computed: ``change feed`` or ``snapshot difference`` (a change-feed view),
+    #: ``row-wise``, ``linear aggregate``, ``inner join`` or ``full evaluation`` (a query view).
+    strategy: str = ""
 
 
 def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bool = False) -> Changes:

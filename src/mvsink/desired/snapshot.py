@@ -1,18 +1,21 @@
 """A query view: the query over its sources at each time's versions, maintained by its shape.
 
 ``snapshot(t)`` is the query over the sources at time `t`'s versions; ``changes(lo, hi)`` has
-updates at each time whose versions differ from the time before (a time that repeats them, a
-repair time, has none). A *row-wise* query (projections and filters of one source with the change
-data feed on, :mod:`mvsink.desired.row_wise`) is applied to the source's change feed: the work
-follows the change and no result is kept. A *linear aggregate* (counts and exact sums grouped by
-columns over a row-wise query, :mod:`mvsink.desired.linear_aggregate`) keeps its groups' state in
-Spark and moves it by the aggregates of the change feed. Any other query is evaluated once per
-such time, emitting where consecutive results differ: the new result at +1 and the last at -1,
-consolidated (each distinct row's count difference, exactly a multiset difference both ways, in
-one shuffle); the last result is kept in Spark (a local checkpoint, which spills to disk), never
-on the driver. A row-wise or aggregate view whose feed cannot be read for a range is evaluated
-that way too, from the result before the range. SQL runs in a session of the view's own, where
-the sources are registered under their names, so views never see each other's sources.
+updates at each time whose versions differ from the time before (a time that repeats them, a repair
+time, has none). A *row-wise* query (projections and filters of one source,
+:mod:`mvsink.desired.row_wise`) is applied to the source's changes
+(:func:`mvsink.desired.change_feed.source_changes`: its change data feed, or its commits' added and
+removed files, feed or no feed): the work follows the change and no result is kept. A *linear
+aggregate* (counts and exact sums grouped by columns over a row-wise query,
+:mod:`mvsink.desired.linear_aggregate`) keeps its groups' state in Spark and moves it by the
+aggregates of the source's changes. Any other query is evaluated once per such time, emitting where
+consecutive results differ: the new result at +1 and the last at -1, consolidated (each distinct
+row's count difference, exactly a multiset difference both ways, in one shuffle); the last result is
+kept in Spark (a local checkpoint, which spills to disk), never on the driver. A row-wise or
+aggregate view whose source's changes cannot be read for a range (a version without change data feed
+that has deletion vectors, files gone) is evaluated that way too, from the result before the range.
+SQL runs in a session of the view's own, where the sources are registered under their names, so
+views never see each other's sources.
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed, held_observing
-from mvsink.desired.change_feed import change_feed
+from mvsink.desired.change_feed import source_changes
 from mvsink.desired.changes import NET, Changes, feed_is_small, held_changes, unreadable
+from mvsink.desired.join import is_inner_join, reads_each_once
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
+from mvsink.desired.refresh import unmaintained_operator
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 from mvsink.desired.sources import Desired
 from mvsink.timeline import Timeline
@@ -52,8 +57,11 @@ class SnapshotDesired(Desired):
         self._previous: DataFrame | None = None
         self._previous_time: int | None = None
         self._sql_session: SparkSession | None = None
-        #: Whether the changes are the query over the source's change feed (:mod:`mvsink.desired.row_wise`).
+        #: Whether the changes are the query over the source's changes (:mod:`mvsink.desired.row_wise`).
         self.row_wise = False
+        #: Whether the changes are the query over each source's change and the other sources
+        #: (an inner join, :mod:`mvsink.desired.join`).
+        self.join = False
         #: The query's shape if it is a linear aggregate (:mod:`mvsink.desired.linear_aggregate`), its
         #: state (``_state_groups`` groups) at ``_state_time``.
         self.aggregate: LinearAggregate | None = None
@@ -62,8 +70,11 @@ class SnapshotDesired(Desired):
         self._state_time: int | None = None
         self._state_groups = 0
         super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
-        over_held = self._query_over_held_rows() if len(self.sources) == 1 else None
+        held = self._held_rows() if len(self.sources) == 1 or self.join else None
+        over_held = self._query(held) if held is not None else None
         self.row_wise = self.row_wise and over_held is not None and is_row_wise(over_held, HELD_ROWS)
+        self.join = (self.join and is_inner_join(over_held, HELD_ROWS, len(held))
+                     and reads_each_once(over_held, list(held.values())))
         #: A row-wise view's key columns as the source's columns they pass on unchanged (None: a
         #: key column is computed, or no key), and whether the source's rows had unique values of
         #: them at a time (``(time, unique)``, None: not known), see :meth:`_source_keys_unique`.
@@ -71,13 +82,32 @@ class SnapshotDesired(Desired):
         self._source_keys_known: tuple[int, bool] | None = None
         if self.aggregate is not None and (over_held is None or linear_aggregate(over_held, HELD_ROWS) != self.aggregate):
             self.aggregate = None
+        self._apply_refresh_policy()
         if self.aggregate is not None:
             self._groups = GroupStates(self.aggregate, self.user_schema, view.key)
         log.info("view %r: %s", view.view_id,
-                 "its query is row-wise: its changes are the query over the source's change feed"
+                 "its query is row-wise: its changes are the query over the source's changes"
                  if self.row_wise else
-                 "its query is a linear aggregate: its changes are its groups' changes from the source's change feed"
-                 if self.aggregate is not None else "its query is evaluated in full at each time")
+                 "its query is a linear aggregate: its changes are its groups' changes from the source's changes"
+                 if self.aggregate is not None else
+                 "its query is an inner join: its changes are each source's changes joined with the other sources"
+                 if self.join else f"its query is evaluated in full at each time ({self._why_full()})")
+
+    def _why_full(self) -> str:
+        """Why the query is evaluated in full: its policy, or what stops every strategy."""
+        if self.input.refresh == "full":
+            return "refresh full"
+        return f"it has {unmaintained_operator(self._contents(self.schema_versions()))}"
+
+    def _apply_refresh_policy(self) -> None:
+        """``full``: no strategy but full evaluation; ``incremental``: a query that none maintains
+        is refused, naming what stops it (:mod:`mvsink.desired.refresh`)."""
+        if self.input.refresh == "full":
+            self.row_wise, self.aggregate, self.join = False, None, False
+        elif self.input.refresh == "incremental" and not (self.row_wise or self.join or self.aggregate is not None):
+            raise ConfigError(f"view {self.view.view_id!r} has refresh incremental, but its query cannot be "
+                              f"maintained from its sources' changes: {self._why_full()}; evaluate it in full "
+                              "(refresh auto or full) or change the query")
 
     def _session(self) -> SparkSession:
         """The session the query runs in: for SQL, one of the view's own (its sources' names)."""
@@ -121,19 +151,17 @@ class SnapshotDesired(Desired):
     def _user_schema(self) -> T.StructType:
         result = self._contents(self.schema_versions())
         self.row_wise = is_row_wise(result, TABLE_SCAN)
+        self.join = len(self.sources) > 1 and is_inner_join(result, TABLE_SCAN, len(self.sources))
         self.aggregate = linear_aggregate(result, TABLE_SCAN)
         return result.schema
 
-    def _query_over_held_rows(self) -> DataFrame | None:
-        """The query over rows held in Spark (none, from the one source), if its change feed is
-        on: where it has the shape it has over the source, it reads what it is given, not a
-        table itself, and can be applied to the change feed. None when the feed is off."""
-        (name,) = self.sources
-        if not self._change_feed_enabled(name):
-            return None
-        version = self.schema_versions()[name]
-        held = self.read_source(name, version, self._session()).limit(0).localCheckpoint(eager=True)
-        return self._query({name: held})
+    def _held_rows(self) -> dict[str, DataFrame]:
+        """Rows held in Spark (none) for each source, in its columns: the query over them, where
+        it has the shape it has over the sources, reads what it is given, not a table itself,
+        and can be applied to the sources' changes."""
+        versions = self.schema_versions()
+        return {name: self.read_source(name, versions[name], self._session()).limit(0).localCheckpoint(eager=True)
+                for name in self.sources}
 
     def _result_at(self, time: int) -> DataFrame:
         """The query's result over the sources at ``time``'s versions, in the view's columns."""
@@ -156,7 +184,7 @@ class SnapshotDesired(Desired):
         if self.aggregate is not None:  # its groups' state, held: the next changes move it
             self._hold_state(time)
             contents = self._groups.output(self._state)
-        elif self.row_wise:
+        elif self.row_wise or self.join:
             contents = self._result_at(time)
         else:  # kept: the next changes are the difference to it
             self._remember(time, self._result_at(time))
@@ -170,34 +198,62 @@ class SnapshotDesired(Desired):
 
     @property
     def snapshot_is_stored(self) -> bool:
-        return True  # a row-wise query over pinned versions, the query's checkpointed result, or its groups' held state
+        return True  # a row-wise query or join over pinned versions, the query's checkpointed result, or its groups' held state
 
     def changes(self, lo: int, hi: int) -> Changes | None:
         """The updates at each time in `[lo, hi]` whose versions differ from the time before."""
         times = [t for t in range(lo, hi + 1) if self.timeline.versions(t) != self.timeline.versions(t - 1)]
         if not times:
             return None
-        from_feed = (self._row_wise_changes if self.row_wise
-                     else self._aggregate_changes if self.aggregate is not None else None)
+        strategy, from_feed = (("row-wise", self._row_wise_changes) if self.row_wise
+                               else ("linear aggregate", self._aggregate_changes) if self.aggregate is not None
+                               else ("inner join", self._join_changes) if self.join else (None, None))
         if from_feed is not None:
             try:
-                return from_feed(times)
+                return replace(from_feed(times), strategy=strategy)
             except Exception as exc:
                 reason = unreadable(exc)
                 if reason is None:
                     raise
-                log.warning("view %r: the change data feed of its source cannot be read for times %d..%d "
+                log.warning("view %r: the changes of its sources cannot be read for times %d..%d "
                             "(%s); evaluating the query at each time instead", self.view.view_id, lo, hi,
                             reason)
-        return self._recomputed_changes(times)
+        return replace(self._recomputed_changes(times), strategy="full evaluation")
 
-    def _feed(self, times: list[int]) -> tuple[DataFrame, int, int]:
-        """The one source's change feed over ``times`` (lazy; the query is applied to rows held
-        in Spark, as its shape was checked), and its first and last source versions."""
-        (name,) = self.sources
+    def _feed(self, times: list[int], name: str | None = None) -> tuple[DataFrame, int, int]:
+        """Source ``name``'s changes (the one source's by default) at those of ``times`` that
+        move its version (lazy; the query is applied to rows held in Spark, as its shape was
+        checked), and its first and last source versions."""
+        if name is None:
+            (name,) = self.sources
         spans = [(t, self.timeline.versions(t - 1)[name] + 1, self.timeline.versions(t)[name]) for t in times]
+        spans = [span for span in spans if span[1] <= span[2]]
         first, last = spans[0][1], spans[-1][2]
-        return change_feed(self._session(), self.sources[name], spans, first, last), first, last
+        return source_changes(self._session(), self.sources[name], spans, first, last), first, last
+
+    def _join_changes(self, times: list[int]) -> Changes:
+        """Per time, per source whose version moves, the query over its inserted rows at +1 and
+        its deleted rows at -1 and the other sources: those before it (in the view's order) at
+        the time's versions, those after it at the versions before (:mod:`mvsink.desired.join`).
+        Each source's changes are read once for all the times and held; a small change (from
+        the log) is broadcast to the joins."""
+        names, feeds = list(self.sources), {}
+        for name in names:
+            if any(self.timeline.versions(t - 1)[name] != self.timeline.versions(t)[name] for t in times):
+                feed, first, last = self._feed(times, name)
+                held = feed.localCheckpoint(eager=True)
+                feeds[name] = F.broadcast(held) if feed_is_small(self.sources[name], first, last) else held
+        parts = []
+        for time in times:
+            before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
+            for i, name in enumerate(names):
+                if before[name] == after[name]:
+                    continue
+                others = {other: self.read_source(other, (after if j < i else before)[other], self._session())
+                          for j, other in enumerate(names) if j != i}
+                parts += [self._as_updates(self._query({**others, name: rows}), time, diff)
+                          for diff, rows in self._feed_rows(feeds[name], time)]
+        return held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
 
     def _aggregate_changes(self, times: list[int]) -> Changes:
         """Per time, the groups' state moved by the source's change feed (the aggregate's input
@@ -307,7 +363,7 @@ class SnapshotDesired(Desired):
             self._remember(time, self._result_at(time))
             parts += [self._as_updates(self._previous, time, 1), self._as_updates(previous, time, -1)]
         updates = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
-        if self.row_wise or self.aggregate is not None:  # back to the change feed next time
+        if self.row_wise or self.aggregate is not None or self.join:  # back to the sources' changes next time
             self._previous = self._previous_time = None
         return updates
 
