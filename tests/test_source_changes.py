@@ -10,7 +10,7 @@ import shutil
 import pytest
 from deltalake import DeltaTable
 
-from helpers import create_source, insert, vacuum_all
+from helpers import create_source, insert, query_results_at_every_time, vacuum_all
 from mvsink import ChangesInput, MaterializedView, ViewDefinition
 from mvsink.check import check_table, expected_from_source
 from mvsink.desired.changes import SourceChangesLost, SourceSchemaChanged
@@ -52,7 +52,11 @@ def test_change_data_feed_turned_off_and_on_stays_exact(spark, tmp_path, caplog,
     assert from_snapshots == deletion_vectors, caplog.text
     insert(spark, src, [(5, "e")])  # and the feed is used again afterwards
     mv.run_until_caught_up()
-    _assert_exact(src, tgt)
+    if deletion_vectors:  # the checker reads the source with deltalake, which cannot read them: Spark does
+        query_results_at_every_time(spark, src, "SELECT * FROM src", {"feed": tgt}, tgt + "_timeline",
+                                    mv.observed_upper, ("id",))
+    else:
+        _assert_exact(src, tgt)
 
 
 def test_a_restore_of_the_source_is_followed_exactly(spark, tmp_path):
