@@ -16,6 +16,8 @@ from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN
 ORDERS, CUSTOMERS = "id BIGINT, cust BIGINT, amount INT", "cust BIGINT, segment STRING"
 JOIN = ("SELECT o.id, o.amount, c.segment FROM orders o JOIN customers c ON o.cust = c.cust "
         "WHERE o.amount > 1")
+AGGREGATE = ("SELECT c.segment, count(*) AS n, sum(o.amount) AS total FROM orders o JOIN customers c "
+             "ON o.cust = c.cust GROUP BY c.segment")
 
 
 @pytest.mark.parametrize("sql, join", [
@@ -72,9 +74,11 @@ def _edit_customers(spark, src: str, rng: random.Random) -> None:
         insert(spark, src, [(rng.choice([1, 2, 3, 4, 5, None]), rng.choice("xyz"))])
 
 
-@pytest.mark.parametrize("feed", [True, False], ids=["feed", "no-feed"])
-def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, feed):
-    """The same view twice, one from its sources' changes (an inner join), one evaluated in full;
+@pytest.mark.parametrize("sql, feed", [(JOIN, True), (JOIN, False), (AGGREGATE, False)],
+                         ids=["join", "join-no-feed", "aggregate-no-feed"])
+def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, sql, feed):
+    """The same view twice, one from its sources' changes (an inner join, or a linear aggregate
+    over one: groups appear and empty), one evaluated in full;
     1-3 commits to either or both sources per time (deletes on both sides in one time), and a
     replica that catches up over every time at once at the end. At every time both have the
     same rows."""
@@ -87,12 +91,12 @@ def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, f
     sources = {"orders": orders, "customers": customers}
 
     def view(name: str, replica: str = "r1") -> MaterializedView:
-        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=JOIN),
+        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=sql),
                                                       sources=sources, replica_id=replica))
 
     views = {name: view(name) for name in ("joined", "recomputed")}
-    assert views["joined"].desired.join
-    views["recomputed"].desired.join = False
+    assert views["joined"].desired.join or views["joined"].desired.aggregate is not None
+    views["recomputed"].desired.join, views["recomputed"].desired.aggregate = False, None
     late = view("joined", "r2")
     next_id = [100]
     for round_ in range(7):
@@ -109,7 +113,7 @@ def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, f
         each.run_until_caught_up()
     upper = views["joined"].observed_upper
     assert upper == views["recomputed"].observed_upper >= 7
-    assert views["joined"].desired._previous is None, "a join keeps no result"
+    assert views["joined"].desired._previous is None, "a join keeps no result, an aggregate its groups"
     for at in range(upper):
         joined, recomputed = (Counter(tuple(r) for r in read_view(spark, str(tmp_path / n), n, at).collect())
                               for n in ("joined", "recomputed"))
@@ -125,8 +129,9 @@ def test_the_refresh_policy_and_the_strategy_each_step_reports(spark, tmp_path):
     sources = {"orders": orders, "customers": customers}
 
     def view(name: str, sql: str, refresh: str) -> MaterializedView:
-        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=sql, refresh=refresh),
-                                                      sources=sources, replica_id="r1"))
+        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name),
+                                                      SnapshotInput(sql=sql, refresh=refresh), sources=sources,
+                                                      replica_id="r1"))
 
     left = "SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust"
     with pytest.raises(ConfigError, match="refresh incremental.*it has a LeftOuter Join"):

@@ -12,11 +12,12 @@ sources ``A1..An`` at their versions before and ``A1'..An'`` after, and ``Di = A
 
 (the delta rule ``D(A join B) = DA join B + A' join DB``): each term is the query over source
 ``i``'s change (its inserted rows at +1, its deleted rows at -1, as for a row-wise query) and the
-other sources, those before ``i`` at the time's versions and those after it at the versions
-before. A source whose version did not move has no term. The work is each change joined with the
-other sides (Spark broadcasts a small change); no earlier result is kept. A source read twice (a
-self-join) makes the query quadratic in it, an outer join is not linear: such queries, and any
-other shape, are evaluated in full.
+other sources, those before ``i`` at the time's versions and those after it at the versions before.
+A source whose version did not move has no term. The work is each change joined with the other sides
+(Spark broadcasts a small change); no earlier result is kept. A linear aggregate over such a join
+(:mod:`mvsink.desired.linear_aggregate`) moves its groups by the same terms. A source read twice (a
+self-join) makes the query quadratic in it, an outer join is not linear: such queries, and any other
+shape, are evaluated in full.
 """
 
 from __future__ import annotations
@@ -35,17 +36,23 @@ def is_inner_join(result: DataFrame, scan: str, sources: int) -> bool:
     ``scan`` node (:data:`~mvsink.desired.row_wise.TABLE_SCAN` or
     :data:`~mvsink.desired.row_wise.HELD_ROWS`), at least one join among them."""
     plan = result._jdf.queryExecution().optimizedPlan()
-    if not plan.deterministic() or plan_reads_subqueries(result, plan):
-        return False
+    return plan.deterministic() and not plan_reads_subqueries(result, plan) and plan_is_inner_join(plan, scan, sources)
+
+
+def plan_is_inner_join(plan, scan: str, sources: int) -> bool:
+    """Whether the logical ``plan`` is linear nodes, at least one join, over ``sources`` ``scan``
+    leaves (determinism, subqueries and which leaf is which aside)."""
     leaves, joins = _linear_leaves(plan)
     return (leaves is not None and joins > 0 and len(leaves) == sources
             and all(leaf.nodeName() == scan and leaf.children().isEmpty() for leaf in leaves))
 
 
 def reads_each_once(result: DataFrame, held: list[DataFrame]) -> bool:
-    """Whether the leaves of ``result``'s plan (an inner join) are the rows ``held`` (each a
-    local checkpoint), each exactly once: the query reads what it is given, nothing twice."""
-    leaves, _ = _linear_leaves(result._jdf.queryExecution().optimizedPlan())
+    """Whether the leaves of ``result``'s plan (an inner join, or a linear aggregate over one)
+    are the rows ``held`` (each a local checkpoint), each exactly once: the query reads what it
+    is given, nothing twice."""
+    plan = result._jdf.queryExecution().optimizedPlan()
+    leaves, _ = _linear_leaves(plan.child() if plan.nodeName() == "Aggregate" else plan)
     ids = sorted(leaf.rdd().id() for leaf in leaves or [])
     return ids == sorted(rows._jdf.queryExecution().optimizedPlan().rdd().id() for rows in held)
 

@@ -76,7 +76,8 @@ def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
                    diff).select(*columns, TIME, DIFF)
              for (time, diff, values), uris in files.items()]
     if not parts:
-        return spark.createDataFrame([], schema.add(TIME, T.LongType()).add(DIFF, T.LongType()))
+        updates = T.StructType([*schema.fields, T.StructField(TIME, T.LongType()), T.StructField(DIFF, T.LongType())])
+        return spark.createDataFrame([], updates)
     return reduce(DataFrame.unionByName, parts)
 
 

@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame
 
 from mvsink.desired.row_wise import plan_reads_subqueries
 
-#: Plan nodes some strategy maintains (an ``Aggregate`` only at the top, over one source).
+#: Plan nodes some strategy maintains (an ``Aggregate`` only at the top).
 _MAINTAINED = frozenset({"Project", "Filter", "Join", "Aggregate"})
 _INNER_JOINS = frozenset({"Inner", "Cross"})
 
@@ -40,8 +40,6 @@ def unmaintained_operator(result: DataFrame) -> str:
         joins, aggregates = joins + (name == "Join"), aggregates + (name == "Aggregate")
         children = node.children()
         pending += [children.apply(i) for i in range(children.size())]
-    if aggregates and joins:
-        return "an Aggregate over a Join"
     if aggregates:
         return "an Aggregate that is not count/sum of integers or decimals grouped by columns"
     return "a source read twice" if joins else f"the plan {plan.nodeName()} over {scans} scans"

@@ -70,7 +70,7 @@ class SnapshotDesired(Desired):
         self._state_time: int | None = None
         self._state_groups = 0
         super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
-        held = self._held_rows() if len(self.sources) == 1 or self.join else None
+        held = self._held_rows() if len(self.sources) == 1 or self.join or self.aggregate is not None else None
         over_held = self._query(held) if held is not None else None
         self.row_wise = self.row_wise and over_held is not None and is_row_wise(over_held, HELD_ROWS)
         self.join = (self.join and is_inner_join(over_held, HELD_ROWS, len(held))
@@ -80,7 +80,9 @@ class SnapshotDesired(Desired):
         #: them at a time (``(time, unique)``, None: not known), see :meth:`_source_keys_unique`.
         self._source_key = passed_through(over_held, view.key) if self.row_wise and view.key else None
         self._source_keys_known: tuple[int, bool] | None = None
-        if self.aggregate is not None and (over_held is None or linear_aggregate(over_held, HELD_ROWS) != self.aggregate):
+        if self.aggregate is not None and (
+                linear_aggregate(over_held, HELD_ROWS, len(held)) != self.aggregate
+                or len(held) > 1 and not reads_each_once(over_held, list(held.values()))):
             self.aggregate = None
         self._apply_refresh_policy()
         if self.aggregate is not None:
@@ -152,7 +154,7 @@ class SnapshotDesired(Desired):
         result = self._contents(self.schema_versions())
         self.row_wise = is_row_wise(result, TABLE_SCAN)
         self.join = len(self.sources) > 1 and is_inner_join(result, TABLE_SCAN, len(self.sources))
-        self.aggregate = linear_aggregate(result, TABLE_SCAN)
+        self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.sources))
         return result.schema
 
     def _held_rows(self) -> dict[str, DataFrame]:
@@ -198,7 +200,8 @@ class SnapshotDesired(Desired):
 
     @property
     def snapshot_is_stored(self) -> bool:
-        return True  # a row-wise query or join over pinned versions, the query's checkpointed result, or its groups' held state
+        # a row-wise query or join over pinned versions, the query's checkpointed result, or its groups' held state
+        return True
 
     def changes(self, lo: int, hi: int) -> Changes | None:
         """The updates at each time in `[lo, hi]` whose versions differ from the time before."""
@@ -232,49 +235,62 @@ class SnapshotDesired(Desired):
         return source_changes(self._session(), self.sources[name], spans, first, last), first, last
 
     def _join_changes(self, times: list[int]) -> Changes:
-        """Per time, per source whose version moves, the query over its inserted rows at +1 and
-        its deleted rows at -1 and the other sources: those before it (in the view's order) at
-        the time's versions, those after it at the versions before (:mod:`mvsink.desired.join`).
-        Each source's changes are read once for all the times and held; a small change (from
-        the log) is broadcast to the joins."""
-        names, feeds = list(self.sources), {}
-        for name in names:
-            if any(self.timeline.versions(t - 1)[name] != self.timeline.versions(t)[name] for t in times):
-                feed, first, last = self._feed(times, name)
-                held = feed.localCheckpoint(eager=True)
-                feeds[name] = F.broadcast(held) if feed_is_small(self.sources[name], first, last) else held
-        parts = []
-        for time in times:
-            before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
-            for i, name in enumerate(names):
-                if before[name] == after[name]:
-                    continue
-                others = {other: self.read_source(other, (after if j < i else before)[other], self._session())
-                          for j, other in enumerate(names) if j != i}
-                parts += [self._as_updates(self._query({**others, name: rows}), time, diff)
-                          for diff, rows in self._feed_rows(feeds[name], time)]
+        """The terms of the query's change at each time (:meth:`_change_terms`), from each
+        source's changes held, consolidated."""
+        feeds, _ = self._source_feeds(times)
+        parts = [self._as_updates(result, time, diff)
+                 for time in times for diff, result in self._change_terms(time, feeds)]
         return held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
 
+    def _source_feeds(self, times: list[int]) -> tuple[dict[str, DataFrame], bool]:
+        """Each source's changes at ``times`` (of those whose version moves), held (read once
+        for all the times), and where several sources are joined, a small change broadcast to
+        the joins; and whether every change is small."""
+        feeds, small = {}, True
+        for name in self.sources:
+            if all(self.timeline.versions(t - 1)[name] == self.timeline.versions(t)[name] for t in times):
+                continue
+            feed, first, last = self._feed(times, name)
+            is_small = feed_is_small(self.sources[name], first, last)
+            held = feed.localCheckpoint(eager=True)
+            feeds[name] = F.broadcast(held) if is_small and len(self.sources) > 1 else held
+            small = small and is_small
+        return feeds, small
+
+    def _change_terms(self, time: int, feeds: dict[str, DataFrame]) -> list[tuple[int, DataFrame]]:
+        """The query's change at ``time`` as terms ``(diff, result)``: per source whose version
+        moves, the query over its inserted rows (+1) and its deleted rows (-1) and the other
+        sources, those before it (in the view's order) at the time's versions, those after it
+        at the versions before (:mod:`mvsink.desired.join`; one source: the query over its
+        change alone)."""
+        names, terms = list(self.sources), []
+        before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
+        for i, name in enumerate(names):
+            if before[name] == after[name]:
+                continue
+            others = {other: self.read_source(other, (after if j < i else before)[other], self._session())
+                      for j, other in enumerate(names) if j != i}
+            terms += [(diff, self._query({**others, name: rows})) for diff, rows in self._feed_rows(feeds[name], time)]
+        return terms
+
     def _aggregate_changes(self, times: list[int]) -> Changes:
-        """Per time, the groups' state moved by the source's change feed (the aggregate's input
-        over inserted rows at +1, deleted at -1), and the moved groups' output rows before (-1)
+        """Per time, the groups' state moved by the sources' changes (the aggregate's input over
+        each term of :meth:`_change_terms`, with its diff), and the moved groups' output rows before (-1)
         and after (+1), see :mod:`mvsink.desired.linear_aggregate`. Each time's new state and its updates
         are held by one Spark job, which also counts them (in one task where the feed and the
         groups are small); where distinct groups have distinct rows, the updates are consolidated
         as they are. The next step starts from the last state."""
-        (name,) = self.sources
         aggregate, groups = self.aggregate, self._groups
         if self._state_time != times[0] - 1:  # none held for that time (after a recomputed range)
             self._hold_state(times[0] - 1)
-        feed, first, last = self._feed(times)
-        if len(times) > 1:  # read once for all the times, not once per time
-            feed = feed.localCheckpoint(eager=True)
-        small = feed_is_small(self.sources[name], first, last)
+        # held: read once for all the times, and a query over held rows keeps its Aggregate (over
+        # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
+        feeds, small = self._source_feeds(times)
         parts, size, key_moves = [], 0, False
         for time in times:
             changed = reduce(DataFrame.unionByName, [
-                groups.rows_as_state(aggregate.aggregate_input(self._query({name: rows})), diff)
-                for diff, rows in self._feed_rows(feed, time)])
+                groups.rows_as_state(aggregate.aggregate_input(result), diff)
+                for diff, result in self._change_terms(time, feeds)])
             one_task = small and self._state_groups <= ONE_TASK_GROUPS
             combined, (moved, moves, kept) = held_observing(
                 groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement)
