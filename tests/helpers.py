@@ -30,6 +30,15 @@ def create_source(spark, path: str, rows: list[tuple] | None = None, schema: str
         insert(spark, path, rows)
 
 
+def vacuum_all(spark, path: str) -> None:
+    """VACUUM the Delta table at ``path`` keeping no history: every file it no longer reads is gone."""
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS")
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+
+
 def insert(spark, path: str, rows: list[tuple]) -> None:
     values = ", ".join("(" + ", ".join(_sql(v) for v in row) + ")" for row in rows)
     spark.sql(f"INSERT INTO delta.`{path}` VALUES {values}")
@@ -672,21 +681,25 @@ def from_the_feed_and_recomputed(spark, tmp_path, src: str, sql: str, edit: Call
     return views["from_feed"]
 
 
-def through_commits_without_feed(spark, view, src: str, caplog, without_feed: str, with_feed: Callable[[], None]) -> None:
+def through_commits_without_feed(spark, view, src: str, caplog, without_feed: str, with_feed: Callable[[], None],
+                                 deletion_vectors: bool = True) -> None:
     """``view`` caught up after a source commit made with the change data feed off (the SQL
-    ``without_feed``): it warns that the feed cannot be read; then after ``with_feed()`` commits,
-    the feed on again: it does not."""
+    ``without_feed``): with ``deletion_vectors`` on for it, its files do not hold the source's
+    rows, and the view warns that the changes cannot be read; without, it reads the commit's
+    files and does not. Then after ``with_feed()`` commits, the feed on again: it does not."""
     import logging
 
-    spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
+    spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false, "
+              f"delta.enableDeletionVectors = {str(deletion_vectors).lower()})")
     spark.sql(without_feed)
-    with caplog.at_level(logging.WARNING, logger="mvsink.inputs"):
+    with caplog.at_level(logging.WARNING, logger="mvsink.desired"):
         view.run_until_caught_up()
-    assert any("cannot be read" in r.getMessage() for r in caplog.records), caplog.text
+    warned = any("cannot be read" in r.getMessage() for r in caplog.records)
+    assert warned == deletion_vectors, caplog.text
     spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
     with_feed()
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="mvsink.inputs"):
+    with caplog.at_level(logging.WARNING, logger="mvsink.desired"):
         view.run_until_caught_up()
     assert not any("cannot be read" in r.getMessage() for r in caplog.records), "from the feed again"
 

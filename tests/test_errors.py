@@ -14,9 +14,9 @@ from pyspark.sql import types as T
 from helpers import JOB, ROOT, create_source, insert, write_config
 from mvsink import (ChangesInput, ConfigError, MaterializedView, TimeWentBackwards, ViewDefinition,
                     ViewInError, load_config, read_view, view_errors)
-from mvsink import key_check
-from mvsink.inputs import change_feed
-from mvsink.row_errors import NullKeyErrors
+from mvsink.desired import key_check
+from mvsink.desired.change_feed import change_feed
+from mvsink.desired.row_errors import NullKeyErrors
 from mvsink.target import create_target
 from mvsink.updates import ERROR, table_schema
 

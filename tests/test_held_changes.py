@@ -1,8 +1,8 @@
-"""A step's input changes as the buffer takes them (:func:`mvsink.inputs.held_changes`): consolidated,
+"""A step's input changes as the buffer takes them (:func:`mvsink.desired.changes.held_changes`): consolidated,
 counted, and whether some key's row count changes, all from one Spark job, each equal to what
 computing it directly in Python over the same updates gives, whether they are shuffled by the key
 or gathered into one task; and the change feed's size from the Delta log that picks one task
-(:func:`mvsink.inputs.feed_is_small`)."""
+(:func:`mvsink.desired.changes.feed_is_small`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 import pytest
 from pyspark.sql import types as T
 
-from mvsink.inputs import ONE_TASK_BYTES, feed_is_small, held_changes
+from mvsink.desired.changes import ONE_TASK_BYTES, feed_is_small, held_changes
 from mvsink.table import change_data_bytes, log_actions
 
 SCHEMA = T.StructType([

@@ -1,4 +1,4 @@
-"""Linear aggregate views (:mod:`mvsink.linear_aggregate`): which queries are, and that their changes
+"""Linear aggregate views (:mod:`mvsink.desired.linear_aggregate`): which queries are, and that their changes
 from the source's change feed are exactly the differences of the query's results (groups that
 appear and vanish, null groups, sums of nulls, decimals), beside the same view recomputed."""
 
@@ -11,9 +11,10 @@ import pytest
 
 from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
                      query_results_at_every_time, random_commit, through_commits_without_feed)
-from mvsink import MaterializedView, SnapshotInput, ViewDefinition, inputs, view_errors
-from mvsink.linear_aggregate import linear_aggregate
-from mvsink.row_wise import TABLE_SCAN
+from mvsink import MaterializedView, SnapshotInput, ViewDefinition, view_errors
+from mvsink.desired import snapshot
+from mvsink.desired.linear_aggregate import linear_aggregate
+from mvsink.desired.row_wise import TABLE_SCAN
 
 SCHEMA = "id BIGINT, grp STRING, sub INT, qty INT, price DECIMAL(10, 2), weight DOUBLE"
 QUERY = ("SELECT grp, sub, count(*) AS n, sum(qty) AS qty, count(price) AS priced, sum(price) AS total "
@@ -66,26 +67,29 @@ def _edit(spark, src: str, rng: random.Random, next_id: list[int]) -> None:
         inserts=inserts)
 
 
-@pytest.mark.parametrize("sql, key, rounds, one_task", [
-    (QUERY, (), 7, True),
+@pytest.mark.parametrize("sql, key, rounds, one_task, feed", [
+    (QUERY, (), 7, True, True),
     # grp is not an output: rows of different groups can be equal, the updates are consolidated
-    ("SELECT sub, count(*) AS n, sum(qty) AS qty FROM src GROUP BY grp, sub", (), 5, True),
-    (QUERY, ("grp", "sub"), 5, False),      # the grouping columns: groups with a null are errors
-    (QUERY, ("sub",), 5, True),             # part of them: keys with several rows, appearing and ending
-    (QUERY, ("grp", "sub", "n"), 5, False),  # with an aggregate: a group's key changes with its count
-], ids=["keyless", "equal-rows", "key-groups", "key-part", "key-aggregate"])
+    ("SELECT sub, count(*) AS n, sum(qty) AS qty FROM src GROUP BY grp, sub", (), 5, True, True),
+    (QUERY, ("grp", "sub"), 5, False, True),      # the grouping columns: groups with a null are errors
+    (QUERY, ("sub",), 5, True, True),             # part of them: keys with several rows, appearing and ending
+    (QUERY, ("grp", "sub", "n"), 5, False, True),  # with an aggregate: a group's key changes with its count
+    (QUERY, ("sub",), 5, True, False),            # a source without change data feed: its commits' files
+], ids=["keyless", "equal-rows", "key-groups", "key-part", "key-aggregate", "key-part-no-feed"])
 def test_aggregate_changes_equal_the_differences_of_the_query_results(spark, tmp_path, monkeypatch, sql, key,
-                                                                        rounds, one_task):
+                                                                        rounds, one_task, feed):
     """The same view twice, one from the change feed (linear aggregate), one recomputed in full;
     several commits per time, and a replica that catches up over many times at once. Both equal
     the query over the source's version at every time: its rows (groups with null values are
     rows of a keyless view) and, keyed, its key errors. The state is moved in one task (few
     groups, a small feed) or, as for many groups, shuffled by group."""
     if not one_task:
-        monkeypatch.setattr(inputs, "ONE_TASK_GROUPS", -1)
+        monkeypatch.setattr(snapshot, "ONE_TASK_GROUPS", -1)
     rng = random.Random(11)
     src = str(tmp_path / "src")
     create_source(spark, src, [_row(rng, i) for i in range(40)], SCHEMA)
+    if not feed:
+        spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
     next_id = [100]
     view = from_the_feed_and_recomputed(spark, tmp_path, src, sql, lambda: _edit(spark, src, rng, next_id),
                                         rounds=rounds, rng=rng, key=key)
@@ -97,9 +101,11 @@ def test_aggregate_changes_equal_the_differences_of_the_query_results(spark, tmp
         assert "null" in errors and ("duplicate" in errors) == (key == ("sub",)), errors
 
 
-def test_an_aggregate_whose_feed_is_gone_is_recomputed_for_that_range(spark, tmp_path, caplog):
-    """Versions written with the change data feed off: the view evaluates the query for them, and
-    then takes its state from the source again and goes on from the feed."""
+@pytest.mark.parametrize("deletion_vectors", [True, False], ids=["deletion-vectors", "files"])
+def test_an_aggregate_over_versions_without_feed(spark, tmp_path, caplog, deletion_vectors):
+    """Versions written with the change data feed off: the view moves its groups by their added
+    and removed files, or where they wrote deletion vectors evaluates the query for them, then
+    takes its state from the source again; exactly, and it goes on from the source's changes."""
     sql = "SELECT grp, count(*) AS n, sum(qty) AS qty FROM src GROUP BY grp"
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(i, "ab"[i % 2], 1, i, None, 0.0) for i in range(10)], SCHEMA)
@@ -108,7 +114,8 @@ def test_an_aggregate_whose_feed_is_gone_is_recomputed_for_that_range(spark, tmp
     view.run_until_caught_up()
     through_commits_without_feed(spark, view, src, caplog, f"UPDATE delta.`{src}` SET qty = 100 WHERE id < 3",
                                  lambda: (insert(spark, src, [(20, "c", 1, 7, None, 0.0)]),
-                                          spark.sql(f"DELETE FROM delta.`{src}` WHERE grp = 'a'")))
+                                          spark.sql(f"DELETE FROM delta.`{src}` WHERE grp = 'a'")),
+                                 deletion_vectors)
     assert view.desired.aggregate is not None and view.desired._previous is None
     query_results_at_every_time(spark, src, sql, {"v": tgt}, tgt + "_timeline", view.observed_upper)
 

@@ -1,4 +1,4 @@
-"""Row-wise snapshot views (:mod:`mvsink.row_wise`): which queries are row-wise, and that their
+"""Row-wise snapshot views (:mod:`mvsink.desired.row_wise`): which queries are row-wise, and that their
 changes from the source's change feed are exactly the differences of the query's results."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
                      query_results_at_every_time, random_commit, through_commits_without_feed)
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view, view_errors
-from mvsink.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
+from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 
 SCHEMA = "id BIGINT, grp STRING, amount DOUBLE, note STRING"
 # Projections with expressions and a filter that rows enter and leave; nulls pass both.
@@ -85,13 +85,17 @@ def _contents(spark, target: str, view_id: str, time: int) -> Counter:
     return Counter(tuple(r) for r in read_view(spark, target, view_id, time).collect())
 
 
-def test_row_wise_changes_equal_the_differences_of_the_query_results(spark, tmp_path):
-    """The same keyless view twice, one with its changes from the change feed (row-wise), one
-    recomputed in full; several source commits per time, rows entering and leaving the filter,
-    duplicates, nulls, -0.0. At every time both equal the query over the source's version."""
+@pytest.mark.parametrize("feed", [True, False], ids=["feed", "no-feed"])
+def test_row_wise_changes_equal_the_differences_of_the_query_results(spark, tmp_path, feed):
+    """The same keyless view twice, one with its changes from the source's changes (row-wise: its
+    change data feed, or without it its commits' files), one recomputed in full; several source
+    commits per time, rows entering and leaving the filter, duplicates, nulls, -0.0. At every time
+    both equal the query over the source's version."""
     rng = random.Random(9)
     src = str(tmp_path / "src")
     create_source(spark, src, [_random_row(rng, i) for i in range(30)], SCHEMA)
+    if not feed:
+        spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
     next_id = [100]
     view = from_the_feed_and_recomputed(spark, tmp_path, src, QUERY, lambda: _edit(spark, src, rng, next_id),
                                         rounds=6, rng=rng)
@@ -99,16 +103,18 @@ def test_row_wise_changes_equal_the_differences_of_the_query_results(spark, tmp_
     assert view.desired._previous is None, "a row-wise view keeps no result"
 
 
-def test_a_row_wise_view_whose_feed_is_gone_is_recomputed_for_that_range(spark, tmp_path, caplog):
-    """Versions written with the change data feed off have no feed: the view evaluates the query
-    for those times instead (from the result before them), exactly, and goes on row-wise."""
+@pytest.mark.parametrize("deletion_vectors", [True, False], ids=["deletion-vectors", "files"])
+def test_a_row_wise_view_over_versions_without_feed(spark, tmp_path, caplog, deletion_vectors):
+    """Versions written with the change data feed off: the view reads their added and removed
+    files, or where they wrote deletion vectors evaluates the query for those times instead (from
+    the result before them); exactly, and it goes on row-wise."""
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(i, "a", 1.0, None) for i in range(10)], SCHEMA)
     view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=QUERY), key=("id",),
                                                   sources={"src": src}, replica_id="r1"))
     view.run_until_caught_up()
     through_commits_without_feed(spark, view, src, caplog, f"UPDATE delta.`{src}` SET amount = 0.25 WHERE id < 3",
-                                 lambda: insert(spark, src, [(20, "b", 2.0, "new")]))
+                                 lambda: insert(spark, src, [(20, "b", 2.0, "new")]), deletion_vectors)
     assert view.desired.row_wise and view.desired._previous is None
     query_results_at_every_time(spark, src, QUERY, {"v": tgt}, tgt + "_timeline", view.observed_upper)
 

@@ -10,10 +10,10 @@ import shutil
 import pytest
 from deltalake import DeltaTable
 
-from helpers import create_source, insert
+from helpers import create_source, insert, query_results_at_every_time, vacuum_all
 from mvsink import ChangesInput, MaterializedView, ViewDefinition
 from mvsink.check import check_table, expected_from_source
-from mvsink.inputs import SourceChangesLost, SourceSchemaChanged
+from mvsink.desired.changes import SourceChangesLost, SourceSchemaChanged
 from mvsink.table import latest_version
 
 COLUMNS = ["id", "v"]
@@ -35,19 +35,28 @@ def _assert_exact(src: str, tgt: str) -> None:
     assert result.times_checked >= 2
 
 
-def test_change_data_feed_turned_off_and_on_falls_back_to_snapshots_and_stays_exact(spark, tmp_path, caplog):
+@pytest.mark.parametrize("deletion_vectors", [False, True], ids=["files", "deletion-vectors"])
+def test_change_data_feed_turned_off_and_on_stays_exact(spark, tmp_path, caplog, deletion_vectors):
+    """Commits made with the feed off are read from the log's added and removed files; where an
+    UPDATE or DELETE wrote deletion vectors instead, from the source's snapshots."""
     src, tgt, mv = _running_view(spark, tmp_path)
-    spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
+    spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false, "
+              f"delta.enableDeletionVectors = {str(deletion_vectors).lower()})")
     spark.sql(f"UPDATE delta.`{src}` SET v = 'changed while the feed was off' WHERE id = 2")
     spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 3")
     spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)")
     insert(spark, src, [(4, "d")])
-    with caplog.at_level(logging.WARNING, logger="mvsink.inputs"):
+    with caplog.at_level(logging.WARNING, logger="mvsink.desired"):
         mv.run_until_caught_up()
-    assert "DELTA_MISSING_CHANGE_DATA" in caplog.text and "from snapshots instead" in caplog.text
+    from_snapshots = "DELTA_MISSING_CHANGE_DATA" in caplog.text and "from snapshots instead" in caplog.text
+    assert from_snapshots == deletion_vectors, caplog.text
     insert(spark, src, [(5, "e")])  # and the feed is used again afterwards
     mv.run_until_caught_up()
-    _assert_exact(src, tgt)
+    if deletion_vectors:  # the checker reads the source with deltalake, which cannot read them: Spark does
+        query_results_at_every_time(spark, src, "SELECT * FROM src", {"feed": tgt}, tgt + "_timeline",
+                                    mv.observed_upper, ("id",))
+    else:
+        _assert_exact(src, tgt)
 
 
 def test_a_restore_of_the_source_is_followed_exactly(spark, tmp_path):
@@ -77,11 +86,7 @@ def test_a_column_type_change_in_the_source_stops_the_view_naming_it(spark, tmp_
 def test_vacuumed_change_data_stops_the_view_and_a_rebuild_at_the_named_time_works(spark, tmp_path):
     src, tgt, mv = _running_view(spark, tmp_path)
     spark.sql(f"UPDATE delta.`{src}` SET v = 'y' WHERE id = 3")
-    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-    try:
-        spark.sql(f"VACUUM delta.`{src}` RETAIN 0 HOURS")
-    finally:
-        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+    vacuum_all(spark, src)
     before = DeltaTable(tgt).version()
     with pytest.raises(SourceChangesLost, match=r"FILE_NOT_EXIST.*VACUUM.*as_of (\d+)") as lost:
         mv.step()

@@ -12,7 +12,7 @@ from helpers import create_source, foreign_append_before_commit, insert
 from mvsink import ChangesInput, MaterializedView, SnapshotInput, ViewDefinition, read_view, view_errors, view_upper
 from mvsink import sink as sink_module
 from mvsink.check import check_table, expected_from_source
-from mvsink.key_check import KeyRanges
+from mvsink.desired.key_check import KeyRanges
 from mvsink.metrics import render
 from mvsink.step_profile import PHASES
 from mvsink.table import latest_version

@@ -1,4 +1,4 @@
-"""The hydration's question, every key once with diff 1 (:func:`mvsink.key_check.unique_keys`):
+"""The hydration's question, every key once with diff 1 (:func:`mvsink.desired.key_check.unique_keys`):
 settled within partitions where their key ranges are disjoint, else by a shuffle; both answer as
 counting every key over all rows would."""
 
@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 from pyspark.sql import types as T
 
-from mvsink.key_check import KeyRanges, unique_keys, unique_keys_in_partitions
+from mvsink.desired.key_check import KeyRanges, unique_keys, unique_keys_in_partitions
 from mvsink.mint import Description
 from mvsink.write import stage
 

@@ -1,7 +1,7 @@
 """mvsink: keep a Delta table exactly equal to a view computed by Spark, across racing replicas.
 
 The names below are imported from their modules when first used: a process that needs one module
-(a Spark Python worker running a task of :mod:`mvsink.key_check`, say) imports only that one."""
+(a Spark Python worker running a task of :mod:`mvsink.desired.key_check`, say) imports only that one."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 won and lost, repairs, failed steps) and keeps the last step's figures (upper, timeline upper,
 correction buffer size, duration) and the seconds and Spark jobs spent in each phase of a step.
 :func:`render` adds what is read at scrape time: the running hydration (start, elapsed seconds,
-Spark tasks done, see :mod:`mvsink.hydration`) and each source's lag behind the view's latest
+Spark tasks done, see :mod:`mvsink.desired.hydration`) and each source's lag behind the view's latest
 time (:func:`source_lag`), in versions and in seconds since the oldest source commit the view
 does not have yet. :class:`MetricsServer` serves ``GET /metrics`` from a port bound when the
 job starts, before Spark: a port in use stops the job at once, with nothing written.
@@ -134,7 +134,7 @@ def render(views: dict) -> str:
 
 
 def hydration_values(hydration) -> dict[str, float]:
-    """The hydration metrics of a :class:`~mvsink.hydration.Hydration`."""
+    """The hydration metrics of a :class:`~mvsink.desired.hydration.Hydration`."""
     tasks = hydration.tasks()
     return {
         "mvsink_hydrating": int(hydration.running),

@@ -33,7 +33,7 @@ DataFrames; the driver sees versions, file lists and counts.
 
 Between two steps, :meth:`MaterializedView.plan` gives the updates the next commit would write
 (for a read-only replica: its first commit once promoted), computed as a commit's are; a step that
-hydrates reports its progress through :class:`~mvsink.hydration.Hydration`.
+hydrates reports its progress through :class:`~mvsink.desired.hydration.Hydration`.
 
 The micro-batch a ``foreachBatch`` hands over only triggers a step: mvsink reads its input itself
 at the versions the timeline pins, so that all replicas see the same times and rows.
@@ -62,10 +62,11 @@ from mvsink.cleanup import clean_orphans
 from mvsink.correction import CorrectionBuffer, checkpointed, state_lost
 from mvsink.correction.readback import ReadBack, ReadBackError
 from mvsink.definition import definition_id
-from mvsink.hydration import Hydration
+from mvsink.desired.changes import Changes
+from mvsink.desired.choose import desired_for
+from mvsink.desired.hydration import Hydration
+from mvsink.desired.key_check import KeyErrors, KeyRanges, touched_keys, unique_keys, unique_keys_by_shuffle
 from mvsink.layout import META_ERRORS, TABLE
-from mvsink.inputs import Changes, desired_for
-from mvsink.key_check import KeyErrors, KeyRanges, touched_keys, unique_keys, unique_keys_by_shuffle
 from mvsink.metrics import ViewMetrics
 from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
@@ -117,6 +118,9 @@ class StepReport:
     #: Seconds and Spark jobs per phase (:mod:`mvsink.step_profile`).
     phase_seconds: dict[str, float] = field(default_factory=dict)
     spark_jobs: dict[str, int] = field(default_factory=dict)
+    #: How the step computed the view's changes (:attr:`mvsink.desired.changes.Changes.strategy`),
+    #: ``hydration`` for its contents at one time; None if it read none.
+    strategy: str | None = None
 
     def __str__(self) -> str:
         appended = {None: "no append", True: "won", False: "lost"}[self.appended]
@@ -126,7 +130,8 @@ class StepReport:
         return (f"table v{self.table_version} upper {self.upper}, timeline {self.timeline_upper}"
                 f"{f' (minted {self.minted_time})' if self.minted_time is not None else ''}, "
                 f"{self.corrections} corrections, batch {desc} {appended} ({self.files} files"
-                f"{f', {self.repairs} repairs' if self.repairs else ''}) in {self.seconds:.2f}s: {phases}")
+                f"{f', {self.repairs} repairs' if self.repairs else ''}) in {self.seconds:.2f}s"
+                f"{f' by {self.strategy}' if self.strategy else ''}: {phases}")
 
 
 class MaterializedView:
@@ -276,6 +281,7 @@ class MaterializedView:
     def _step(self) -> StepReport:
         started = time.monotonic()
         self._profile = profile = StepProfile(self.spark)
+        self._strategy: str | None = None
         minted = None
         try:
             persisted, minted = self._reconcile()
@@ -297,7 +303,8 @@ class MaterializedView:
             with profile.phase("correction"):
                 corrections = self.correction.count()
             report = StepReport(persisted.version, persisted.upper, self.desired_frontier, corrections,
-                                timeline_upper=self.timeline.upper, minted_time=minted, desc=desc)
+                                timeline_upper=self.timeline.upper, minted_time=minted, desc=desc,
+                                strategy=self._strategy)
             if self.hydration.running:
                 self.hydration.finish(corrections)
             if desc is not None:
@@ -394,7 +401,7 @@ class MaterializedView:
 
     def _read_desired(self, persisted) -> Changes | DataFrame | None:
         """The input's updates from the desired frontier to the timeline's upper, held in Spark
-        (:class:`~mvsink.inputs.Changes`); at the first step the hydration's snapshot, lazy (read
+        (:class:`~mvsink.desired.changes.Changes`); at the first step the hydration's snapshot, lazy (read
         once, by the fold: its time shows in the correction phase); None if there are none."""
         desired = None
         upper = self.timeline.upper
@@ -403,11 +410,14 @@ class MaterializedView:
             if upper > hydrate_at:
                 self.hydration.start(hydrate_at, self.timeline.versions(hydrate_at))
                 desired = self.desired.snapshot(hydrate_at)
+                self._strategy = "hydration"
                 self.desired_frontier = hydrate_at + 1
                 self.hydrations += 1
         elif upper > self.desired_frontier:
             desired = self.desired.changes(self.desired_frontier, upper - 1)
             self.desired_frontier = upper
+            if desired is not None:
+                self._strategy = desired.strategy
         return desired
 
     def _fold(self, persisted_updates: DataFrame | None, desired: Changes | DataFrame | None, persisted,
@@ -462,7 +472,7 @@ class MaterializedView:
 
         Where the step writes the whole buffer (``desc``), the staging's tasks report their
         files' key ranges, and the snapshot is not read again where those settle the answer
-        (:class:`~mvsink.key_check.KeyRanges`); the staged files are returned for the write
+        (:class:`~mvsink.desired.key_check.KeyRanges`); the staged files are returned for the write
         (deleted if the keys are not unique: they hold the rows unconsolidated)."""
         if not self._keys_unchecked:
             return None

@@ -63,10 +63,15 @@ class SnapshotInput:
     source: str | None = None
     query: Callable[..., DataFrame] | None = None
     sql: str | None = None
+    #: How its changes are computed (:mod:`mvsink.desired.refresh`): ``auto``, ``incremental``
+    #: (a query that cannot be maintained from its sources' changes is refused) or ``full``.
+    refresh: str = "auto"
 
     def __post_init__(self):
         if (self.query is None) == (self.sql is None):
             raise ConfigError("SnapshotInput: give exactly one of query (a function) and sql (text)")
+        if self.refresh not in ("auto", "incremental", "full"):
+            raise ConfigError(f"SnapshotInput: refresh {self.refresh!r} is not one of auto, incremental, full")
 
 
 Input = Union[ChangesInput, SnapshotInput]
@@ -297,7 +302,7 @@ def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None
             raise ConfigError(f"{where}: a snapshot input needs sources (name: path) or source")
         query = resolve_function(input_spec["query"], base) if "query" in input_spec else None
         view_input = SnapshotInput(source=None if sources else source, query=query,
-                                   sql=input_spec.get("sql"))
+                                   sql=input_spec.get("sql"), refresh=input_spec.get("refresh", "auto"))
     key = spec.get("key") or ()
     if isinstance(key, str):
         key = (key,)

@@ -17,7 +17,7 @@ Invariants:
   (:meth:`hold`); until its keys are checked (:meth:`keys_checked`), it is not known to be
   consolidated and its size is None.
 * An empty buffer given updates that are already consolidated, held and at or after the since
-  (a step's input changes, :class:`mvsink.inputs.Changes`) takes them as they are (:meth:`hold`):
+  (a step's input changes, :class:`mvsink.desired.changes.Changes`) takes them as they are (:meth:`hold`):
   the steady state's fold runs no Spark job.
 * :attr:`size` is the number of updates when known (a fold counts them in the job that
   materializes them); folding nothing at an unchanged since runs no Spark job.

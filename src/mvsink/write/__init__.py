@@ -43,7 +43,7 @@ from mvsink.updates import DIFF, ERROR, TIME, consolidate
 from mvsink.write.stats import FileStats
 
 if TYPE_CHECKING:
-    from mvsink.key_check import KeyRanges
+    from mvsink.desired.key_check import KeyRanges
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def stage(updates: DataFrame, desc: Description, target: str, view_id: str, repl
     """Write ``updates`` into ``target``'s directory, one file per non-empty Spark partition.
 
     With ``key_ranges``, each task also reports its file's key range
-    (:meth:`~mvsink.key_check.KeyRanges.report_partition`), so that whether the updates' keys are
+    (:meth:`~mvsink.desired.key_check.KeyRanges.report_partition`), so that whether the updates' keys are
     unique is known without reading them again (:attr:`StagedBatch.key_reports`).
 
     With ``plain_columns`` (the table layout; ``updates`` hold no negative diff of an ok row), a

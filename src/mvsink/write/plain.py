@@ -17,7 +17,7 @@ Two ways, chosen by the batch's size:
   the file count stays where the table's rows put it; the inserted rows no rewrite took and the
   error updates are written by the driver, one file each. Two Spark jobs a step.
 * *distributed*: a larger batch, a first write, or one whose files' key ranges are asked for
-  (:class:`~mvsink.key_check.KeyRanges`) never reaches the driver: the retractions are found by a
+  (:class:`~mvsink.desired.key_check.KeyRanges`) never reaches the driver: the retractions are found by a
   Spark join (:func:`~mvsink.write.rewrite.rewrite_retractions`) and the rest is written by the
   tasks that hold it (:func:`~mvsink.write.stage`).
 
@@ -42,7 +42,7 @@ from mvsink.write import ERRORS_DIR, StagedBatch, StagedFile, _FileWriter, plain
 from mvsink.write.rewrite import COPIES, TableFile, rewrite_gathered, rewrite_retractions
 
 if TYPE_CHECKING:
-    from mvsink.key_check import KeyRanges
+    from mvsink.desired.key_check import KeyRanges
 
 log = logging.getLogger(__name__)
 

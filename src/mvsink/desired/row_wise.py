@@ -9,7 +9,7 @@ source versions are then ``Q`` applied to the source's change data feed, inserte
 deleted rows at -1: the work follows the change, and no earlier result needs to be kept.
 
 Anything else (aggregates, joins, distinct, limits, windows, Python UDFs, generators, ``rand()``)
-is not row-wise and is recomputed in full at each time (:class:`mvsink.inputs.SnapshotDesired`).
+is not row-wise and is recomputed in full at each time (:class:`mvsink.desired.snapshot.SnapshotDesired`).
 """
 
 from __future__ import annotations

@@ -2,14 +2,16 @@
 
 A query is a linear aggregate when its optimized logical plan is one ``Aggregate`` that groups by
 columns (at least one) and computes only ``count(*)``, ``count(column)`` and ``sum(column)`` of an
-integral or decimal column, over a row-wise query (:mod:`mvsink.row_wise`: projections and filters
-of one scan). Each output column is a grouping column or one such aggregate.
+integral or decimal column, over a row-wise query (:mod:`mvsink.desired.row_wise`: projections and filters
+of one scan) or an inner join of several sources (:mod:`mvsink.desired.join`). Each output column
+is a grouping column or one such aggregate.
 
 Such aggregates add up: over a multiset of rows each with a diff, a group's count is the sum of
 the diffs and its sum the sum of value times diff. So the view keeps a *state*, per group: its row
 count ``n``, and per output column its count or its sum with the count of its non-null values
-(a sum of none is null). The state at a time plus the aggregates of the source's change feed (the
-row-wise part applied to inserted rows at +1 and deleted rows at -1) is the state at the next
+(a sum of none is null). The state at a time plus the aggregates of the sources' changes (the
+row-wise part applied to inserted rows at +1 and deleted rows at -1; for a join, its terms of the
+delta rule) is the state at the next
 time, computed in one grouping of both; the group's output row before and after is its change
 (-1, +1; a group whose count falls to 0 is gone). The work follows the change and the groups, not
 the source. Sums of floating point (order-dependent), averages, min/max, distinct aggregates,
@@ -28,7 +30,8 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.row_wise import plan_is_row_wise, plan_reads_subqueries
+from mvsink.desired.join import plan_is_inner_join
+from mvsink.desired.row_wise import plan_is_row_wise, plan_reads_subqueries
 from mvsink.updates import DIFF
 
 #: State columns: each group column, the group's row count, each aggregate's value and non-nulls.
@@ -184,12 +187,14 @@ class GroupStates:
         return values
 
 
-def linear_aggregate(result: DataFrame, scan: str) -> LinearAggregate | None:
-    """The shape of ``result`` (a query over one ``scan`` leaf) if it is a linear aggregate."""
+def linear_aggregate(result: DataFrame, scan: str, sources: int = 1) -> LinearAggregate | None:
+    """The shape of ``result`` (a query over ``sources`` ``scan`` leaves) if it is a linear
+    aggregate."""
     plan = result._jdf.queryExecution().optimizedPlan()
     if plan.nodeName() != "Aggregate" or not plan.deterministic() or plan_reads_subqueries(result, plan):
         return None
-    if not plan_is_row_wise(plan.child(), scan):
+    child = plan.child()
+    if not (plan_is_row_wise(child, scan) if sources == 1 else plan_is_inner_join(child, scan, sources)):
         return None
     groups = []
     for expr in _seq(plan.groupingExpressions()):

@@ -1,0 +1,27 @@
+"""The desired side: a view's input as updates `(row, time, diff)` at the timeline's times.
+
+Every strategy reads its sources at the versions the timeline pins for each time
+(:mod:`mvsink.timeline`), never "whatever is there now", so every replica computes the same
+updates at the same times. A view's input is one of:
+
+* :mod:`~mvsink.desired.change_feed`: a source's changes, rows mapped one by one
+  (:class:`~mvsink.desired.change_feed.ChangesDesired`);
+* :mod:`~mvsink.desired.snapshot`: a query over the sources
+  (:class:`~mvsink.desired.snapshot.SnapshotDesired`), whose changes are, by the query's shape
+  and its refresh policy (:mod:`~mvsink.desired.refresh`), the query over the source's changes
+  (:mod:`~mvsink.desired.row_wise`), its groups moved by them
+  (:mod:`~mvsink.desired.linear_aggregate`), each source's changes joined with the other sources
+  (:mod:`~mvsink.desired.join`), or the difference of its full evaluations at consecutive times.
+
+A source's changes come from its change data feed, or, where its commits wrote no change data,
+from the data files they added and removed (:mod:`~mvsink.desired.log_changes`), feed or no
+feed. :mod:`~mvsink.desired.choose` picks the input for a view definition. Every input hands a
+step its updates as :class:`~mvsink.desired.changes.Changes` (consolidated, held in Spark,
+counted, with the strategy that computed them) and adds row-level errors
+(:mod:`~mvsink.desired.row_errors`); the sink checks the updates' keys with
+:mod:`~mvsink.desired.key_check` and reports a hydration's progress with
+:mod:`~mvsink.desired.hydration`.
+
+This package imports nothing itself: a Spark Python worker running a task of one module (say
+:mod:`~mvsink.desired.key_check`) imports only that one.
+"""

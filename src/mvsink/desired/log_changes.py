@@ -1,0 +1,136 @@
+"""A source's changes read from its Delta log: its commits' added and removed data files.
+
+Without a change data feed, the change of a commit is still exact in the log: the rows of the data
+files it added at +1 and of the files it removed at -1; consolidated, that is the difference of
+the table's contents after and before the commit (an UPDATE that rewrites a file removes its old
+rows and adds its new ones; the rows it kept cancel). Actions with ``dataChange`` false (OPTIMIZE,
+compaction) move rows between files without changing the contents and are skipped. The work
+follows the touched files, not the table.
+
+This holds for a range of versions only where every file's rows are the table's rows: no file
+carries a deletion vector (its deleted rows are still in the file), the table has no column mapping
+at its newest version nor in the range (its files' column names are not the table's) and the schema
+is the one before the range throughout (checked against the version before only where a commit in
+the range sets metadata), and every action has its partition values (a partition column is not in
+the files; a remove leaves out a null one). Otherwise :func:`log_changes` raises
+:class:`LogChangesUnavailable` before reading any file, and the caller reads the change data feed or
+the snapshots instead. A data file that is gone (VACUUM) fails the read with Spark's
+``PATH_NOT_FOUND``, which :func:`mvsink.desired.changes.unreadable` tells apart.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache, reduce
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from mvsink.table import file_uri, log_actions, spark_uri
+from mvsink.updates import DIFF, TIME
+
+_NO_COLUMN_MAPPING = ("none", None)
+
+
+class LogChangesUnavailable(Exception):
+    """The data files of a range of versions do not hold the table's rows as they are."""
+
+
+def has_change_data(path: str, first: int, last: int) -> bool:
+    """Whether some commit of versions ``first`` to ``last`` wrote change data files (``cdc``)."""
+    return any("cdc" in action for version in range(first, last + 1) for action in _actions(path, version))
+
+
+def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]]) -> DataFrame:
+    """The changes of the Delta table at ``path`` over ``spans`` (``(time, first version, last
+    version)``, consecutive) from its log, as updates: the table's columns, each change's time
+    (its commit's span) and diff (+1 added file's row, -1 removed file's row), not consolidated."""
+    first, last = spans[0][1], spans[-1][2]
+    if _column_mapping(spark, path) not in _NO_COLUMN_MAPPING:
+        raise LogChangesUnavailable(f"{path} has column mapping")
+    schema = _schema(spark, path, last)
+    files: dict[tuple[int, int, tuple], list[str]] = {}
+    partition_columns: set[str] = set()
+    metadata_changed = False
+    for time, span_first, span_last in spans:
+        for version in range(span_first, span_last + 1):
+            for action in _actions(path, version):
+                metadata_changed |= _check_metadata(action, schema, path, version)
+                for kind, diff in (("add", 1), ("remove", -1)):
+                    change = action.get(kind)
+                    if change is None or not change.get("dataChange", True):
+                        continue
+                    if change.get("deletionVector"):
+                        raise LogChangesUnavailable(f"version {version} of {path} has a deletion vector")
+                    if "partitionValues" not in change:
+                        raise LogChangesUnavailable(f"a {kind} of version {version} of {path} has no partition values")
+                    partition_columns.update(change["partitionValues"])
+                    values = tuple(sorted(change["partitionValues"].items()))
+                    files.setdefault((time, diff, values), []).append(file_uri(path, change["path"]))
+    if metadata_changed and _columns(_schema(spark, path, first - 1, before_range=True)) != _columns(schema):
+        raise LogChangesUnavailable(f"the schema of {path} changes in versions {first}..{last}")
+    columns = [f.name for f in schema.fields]
+    data_schema = T.StructType([f for f in schema.fields if f.name not in partition_columns])
+    parts = [_rows(spark, uris, data_schema, schema, {c: dict(values).get(c) for c in partition_columns}, time,
+                   diff).select(*columns, TIME, DIFF)
+             for (time, diff, values), uris in files.items()]
+    if not parts:
+        updates = T.StructType([*schema.fields, T.StructField(TIME, T.LongType()), T.StructField(DIFF, T.LongType())])
+        return spark.createDataFrame([], updates)
+    return reduce(DataFrame.unionByName, parts)
+
+
+@lru_cache(maxsize=1024)
+def _actions(path: str, version: int) -> list[dict]:
+    """The actions of a commit (a commit file never changes once written)."""
+    try:
+        return log_actions(path, version)
+    except FileNotFoundError:
+        raise LogChangesUnavailable(f"the commit file of version {version} of {path} is gone") from None
+
+
+def _column_mapping(spark: SparkSession, path: str) -> str | None:
+    """The column mapping mode of the table's newest version (it is never turned off)."""
+    rows = spark.sql(f"SHOW TBLPROPERTIES delta.`{spark_uri(path)}`").collect()
+    return {r.key: r.value for r in rows}.get("delta.columnMapping.mode")
+
+
+def _schema(spark: SparkSession, path: str, version: int, before_range: bool = False) -> T.StructType:
+    """The table's schema at ``version``; one ``before_range`` that cannot be read (its log
+    cleaned up) makes the log changes unavailable."""
+    try:
+        return spark.read.format("delta").option("versionAsOf", version).load(spark_uri(path)).schema
+    except Exception as exc:
+        if not before_range:
+            raise
+        raise LogChangesUnavailable(f"the schema of {path} at version {version} cannot be read: "
+                                    f"{str(exc).splitlines()[0][:200]}") from None
+
+
+def _check_metadata(action: dict, schema: T.StructType, path: str, version: int) -> bool:
+    """Whether ``action`` sets the table's metadata; raises :class:`LogChangesUnavailable` if it
+    sets a schema other than ``schema`` or turns column mapping on."""
+    metadata = action.get("metaData")
+    if metadata is None:
+        return False
+    if metadata.get("configuration", {}).get("delta.columnMapping.mode") not in _NO_COLUMN_MAPPING:
+        raise LogChangesUnavailable(f"{path} has column mapping at version {version}")
+    if _columns(T.StructType.fromJson(json.loads(metadata["schemaString"]))) != _columns(schema):
+        raise LogChangesUnavailable(f"the schema of {path} changes at version {version}")
+    return True
+
+
+def _columns(schema: T.StructType) -> list[tuple[str, str]]:
+    return [(f.name, f.dataType.simpleString()) for f in schema.fields]
+
+
+def _rows(spark: SparkSession, uris: list[str], data_schema: T.StructType, schema: T.StructType,
+          partition: dict[str, str | None], time: int, diff: int) -> DataFrame:
+    """The rows of the data files ``uris`` (of one partition) with their ``partition`` values (a
+    remove leaves out a null one), at ``time`` with ``diff``."""
+    rows = spark.read.schema(data_schema).parquet(*uris)
+    types = {f.name: f.dataType for f in schema.fields}
+    return rows.select(
+        *rows.columns, *[F.lit(value).cast(types[name]).alias(name) for name, value in partition.items()],
+        F.lit(time).cast("long").alias(TIME), F.lit(diff).cast("long").alias(DIFF))

@@ -1,0 +1,388 @@
+"""A query view: the query over its sources at each time's versions, maintained by its shape.
+
+``snapshot(t)`` is the query over the sources at time `t`'s versions; ``changes(lo, hi)`` has
+updates at each time whose versions differ from the time before (a time that repeats them, a repair
+time, has none). A *row-wise* query (projections and filters of one source,
+:mod:`mvsink.desired.row_wise`) is applied to the source's changes
+(:func:`mvsink.desired.change_feed.source_changes`: its change data feed, or its commits' added and
+removed files, feed or no feed): the work follows the change and no result is kept. A *linear
+aggregate* (counts and exact sums grouped by columns over a row-wise query,
+:mod:`mvsink.desired.linear_aggregate`) keeps its groups' state in Spark and moves it by the
+aggregates of the source's changes. Any other query is evaluated once per such time, emitting where
+consecutive results differ: the new result at +1 and the last at -1, consolidated (each distinct
+row's count difference, exactly a multiset difference both ways, in one shuffle); the last result is
+kept in Spark (a local checkpoint, which spills to disk), never on the driver. A row-wise or
+aggregate view whose source's changes cannot be read for a range (a version without change data feed
+that has deletion vectors, files gone) is evaluated that way too, from the result before the range.
+SQL runs in a session of the view's own, where the sources are registered under their names, so
+views never see each other's sources.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from functools import reduce
+
+from pyspark.errors import AnalysisException, ParseException
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from mvsink.correction import checkpointed, held_observing
+from mvsink.desired.change_feed import source_changes
+from mvsink.desired.changes import NET, Changes, feed_is_small, held_changes, unreadable
+from mvsink.desired.join import is_inner_join, reads_each_once
+from mvsink.desired.key_check import unique_keys
+from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
+from mvsink.desired.refresh import unmaintained_operator
+from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
+from mvsink.desired.sources import Desired
+from mvsink.timeline import Timeline
+from mvsink.updates import DIFF, ERROR, TIME
+from mvsink.view import ConfigError, SnapshotInput, ViewDefinition, sources_named
+
+log = logging.getLogger(__name__)
+
+_MOVED, _SOURCE_KEYS = "mvsink_moved_groups", "mvsink_source_keys"
+#: The most groups a linear aggregate's state may have to be moved in one task (see
+#: :meth:`SnapshotDesired._aggregate_changes`).
+ONE_TASK_GROUPS = 100_000
+
+
+class SnapshotDesired(Desired):
+    def __init__(self, spark: SparkSession, view: ViewDefinition, timeline: Timeline):
+        assert isinstance(view.input, SnapshotInput)
+        self.input: SnapshotInput = view.input
+        self._previous: DataFrame | None = None
+        self._previous_time: int | None = None
+        self._sql_session: SparkSession | None = None
+        #: Whether the changes are the query over the source's changes (:mod:`mvsink.desired.row_wise`).
+        self.row_wise = False
+        #: Whether the changes are the query over each source's change and the other sources
+        #: (an inner join, :mod:`mvsink.desired.join`).
+        self.join = False
+        #: The query's shape if it is a linear aggregate (:mod:`mvsink.desired.linear_aggregate`), its
+        #: state (``_state_groups`` groups) at ``_state_time``.
+        self.aggregate: LinearAggregate | None = None
+        self._groups: GroupStates | None = None
+        self._state: DataFrame | None = None
+        self._state_time: int | None = None
+        self._state_groups = 0
+        super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
+        held = self._held_rows() if len(self.sources) == 1 or self.join or self.aggregate is not None else None
+        over_held = self._query(held) if held is not None else None
+        self.row_wise = self.row_wise and over_held is not None and is_row_wise(over_held, HELD_ROWS)
+        self.join = (self.join and is_inner_join(over_held, HELD_ROWS, len(held))
+                     and reads_each_once(over_held, list(held.values())))
+        #: A row-wise view's key columns as the source's columns they pass on unchanged (None: a
+        #: key column is computed, or no key), and whether the source's rows had unique values of
+        #: them at a time (``(time, unique)``, None: not known), see :meth:`_source_keys_unique`.
+        self._source_key = passed_through(over_held, view.key) if self.row_wise and view.key else None
+        self._source_keys_known: tuple[int, bool] | None = None
+        if self.aggregate is not None and (
+                linear_aggregate(over_held, HELD_ROWS, len(held)) != self.aggregate
+                or len(held) > 1 and not reads_each_once(over_held, list(held.values()))):
+            self.aggregate = None
+        self._apply_refresh_policy()
+        if self.aggregate is not None:
+            self._groups = GroupStates(self.aggregate, self.user_schema, view.key)
+        log.info("view %r: %s", view.view_id,
+                 "its query is row-wise: its changes are the query over the source's changes"
+                 if self.row_wise else
+                 "its query is a linear aggregate: its changes are its groups' changes from the source's changes"
+                 if self.aggregate is not None else
+                 "its query is an inner join: its changes are each source's changes joined with the other sources"
+                 if self.join else f"its query is evaluated in full at each time ({self._why_full()})")
+
+    def _why_full(self) -> str:
+        """Why the query is evaluated in full: its policy, or what stops every strategy."""
+        if self.input.refresh == "full":
+            return "refresh full"
+        return f"it has {unmaintained_operator(self._contents(self.schema_versions()))}"
+
+    def _apply_refresh_policy(self) -> None:
+        """``full``: no strategy but full evaluation; ``incremental``: a query that none maintains
+        is refused, naming what stops it (:mod:`mvsink.desired.refresh`)."""
+        if self.input.refresh == "full":
+            self.row_wise, self.aggregate, self.join = False, None, False
+        elif self.input.refresh == "incremental" and not (self.row_wise or self.join or self.aggregate is not None):
+            raise ConfigError(f"view {self.view.view_id!r} has refresh incremental, but its query cannot be "
+                              f"maintained from its sources' changes: {self._why_full()}; evaluate it in full "
+                              "(refresh auto or full) or change the query")
+
+    def _session(self) -> SparkSession:
+        """The session the query runs in: for SQL, one of the view's own (its sources' names)."""
+        if self.input.sql is None:
+            return self.spark
+        if self._sql_session is None:
+            self._sql_session = self.spark.newSession()
+        return self._sql_session
+
+    def _contents(self, versions: dict[str, int]) -> DataFrame:
+        return self._query({n: self.read_source(n, versions[n], self._session()) for n in self.sources})
+
+    def _query(self, sources: dict[str, DataFrame]) -> DataFrame:
+        """The query over ``sources`` (name -> rows, in :meth:`_session`)."""
+        where = f"view {self.view.view_id!r}"
+        try:
+            if self.input.sql is not None:
+                for name, rows in sources.items():
+                    rows.createOrReplaceTempView(name)
+                result = self._sql_session.sql(self.input.sql)
+            elif self.input.source is not None:
+                (rows,) = sources.values()  # one unnamed source: the function takes it alone
+                result = self.input.query(rows)
+            else:
+                result = self.input.query(**sources_named(self.input.query, sources))
+        except ParseException as exc:
+            raise ConfigError(f"{where}: its SQL does not parse: {_first_line(exc)}") from None
+        except AnalysisException as exc:
+            message = _first_line(exc)
+            if "TABLE_OR_VIEW_NOT_FOUND" in message:
+                raise ConfigError(f"{where}: its query reads a table that is not one of its sources "
+                                  f"{sorted(self.sources)}: {message}") from None
+            raise ConfigError(f"{where}: its query cannot be analyzed: {message}") from None
+        except TypeError as exc:
+            raise ConfigError(f"{where}: its query function cannot be called with the sources "
+                              f"{sorted(self.sources)} by name: {exc}") from None
+        if not isinstance(result, DataFrame):
+            raise ConfigError(f"query of {where} returned {type(result).__name__}, not a DataFrame")
+        return result
+
+    def _user_schema(self) -> T.StructType:
+        result = self._contents(self.schema_versions())
+        self.row_wise = is_row_wise(result, TABLE_SCAN)
+        self.join = len(self.sources) > 1 and is_inner_join(result, TABLE_SCAN, len(self.sources))
+        self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.sources))
+        return result.schema
+
+    def _held_rows(self) -> dict[str, DataFrame]:
+        """Rows held in Spark (none) for each source, in its columns: the query over them, where
+        it has the shape it has over the sources, reads what it is given, not a table itself,
+        and can be applied to the sources' changes."""
+        versions = self.schema_versions()
+        return {name: self.read_source(name, versions[name], self._session()).limit(0).localCheckpoint(eager=True)
+                for name in self.sources}
+
+    def _result_at(self, time: int) -> DataFrame:
+        """The query's result over the sources at ``time``'s versions, in the view's columns."""
+        return self._contents(self.timeline.versions(time)).select(*self.user_schema.names)
+
+    def _remember(self, time: int, contents: DataFrame) -> None:
+        self._previous = contents.localCheckpoint(eager=True)
+        self._previous_time = time
+
+    def _as_updates(self, rows: DataFrame, time: int, diff: int | None = None) -> DataFrame:
+        """``rows`` (the view's columns) as ok updates at ``time`` with ``diff`` (None: the
+        rows' own ``DIFF`` column)."""
+        return rows.select(
+            *self.user_schema.names, F.lit(None).cast("string").alias(ERROR),
+            F.lit(time).cast("long").alias(TIME),
+            (F.col(DIFF) if diff is None else F.lit(diff).cast("long")).alias(DIFF),
+        )
+
+    def snapshot(self, time: int) -> DataFrame:
+        if self.aggregate is not None:  # its groups' state, held: the next changes move it
+            self._hold_state(time)
+            contents = self._groups.output(self._state)
+        elif self.row_wise or self.join:
+            contents = self._result_at(time)
+        else:  # kept: the next changes are the difference to it
+            self._remember(time, self._result_at(time))
+            contents = self._previous
+        return self._finish(self._as_updates(contents, time, 1))
+
+    def _hold_state(self, time: int) -> None:
+        """The aggregate's state at ``time``, from the sources at its versions, held."""
+        rows = self.aggregate.aggregate_input(self._contents(self.timeline.versions(time)))
+        (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(rows)), time
+
+    @property
+    def snapshot_is_stored(self) -> bool:
+        # a row-wise query or join over pinned versions, the query's checkpointed result, or its groups' held state
+        return True
+
+    def changes(self, lo: int, hi: int) -> Changes | None:
+        """The updates at each time in `[lo, hi]` whose versions differ from the time before."""
+        times = [t for t in range(lo, hi + 1) if self.timeline.versions(t) != self.timeline.versions(t - 1)]
+        if not times:
+            return None
+        strategy, from_feed = (("row-wise", self._row_wise_changes) if self.row_wise
+                               else ("linear aggregate", self._aggregate_changes) if self.aggregate is not None
+                               else ("inner join", self._join_changes) if self.join else (None, None))
+        if from_feed is not None:
+            try:
+                return replace(from_feed(times), strategy=strategy)
+            except Exception as exc:
+                reason = unreadable(exc)
+                if reason is None:
+                    raise
+                log.warning("view %r: the changes of its sources cannot be read for times %d..%d "
+                            "(%s); evaluating the query at each time instead", self.view.view_id, lo, hi,
+                            reason)
+        return replace(self._recomputed_changes(times), strategy="full evaluation")
+
+    def _feed(self, times: list[int], name: str | None = None) -> tuple[DataFrame, int, int]:
+        """Source ``name``'s changes (the one source's by default) at those of ``times`` that
+        move its version (lazy; the query is applied to rows held in Spark, as its shape was
+        checked), and its first and last source versions."""
+        if name is None:
+            (name,) = self.sources
+        spans = [(t, self.timeline.versions(t - 1)[name] + 1, self.timeline.versions(t)[name]) for t in times]
+        spans = [span for span in spans if span[1] <= span[2]]
+        first, last = spans[0][1], spans[-1][2]
+        return source_changes(self._session(), self.sources[name], spans, first, last), first, last
+
+    def _join_changes(self, times: list[int]) -> Changes:
+        """The terms of the query's change at each time (:meth:`_change_terms`), from each
+        source's changes held, consolidated."""
+        feeds, _ = self._source_feeds(times)
+        parts = [self._as_updates(result, time, diff)
+                 for time in times for diff, result in self._change_terms(time, feeds)]
+        return held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
+
+    def _source_feeds(self, times: list[int]) -> tuple[dict[str, DataFrame], bool]:
+        """Each source's changes at ``times`` (of those whose version moves), held (read once
+        for all the times), and where several sources are joined, a small change broadcast to
+        the joins; and whether every change is small."""
+        feeds, small = {}, True
+        for name in self.sources:
+            if all(self.timeline.versions(t - 1)[name] == self.timeline.versions(t)[name] for t in times):
+                continue
+            feed, first, last = self._feed(times, name)
+            is_small = feed_is_small(self.sources[name], first, last)
+            held = feed.localCheckpoint(eager=True)
+            feeds[name] = F.broadcast(held) if is_small and len(self.sources) > 1 else held
+            small = small and is_small
+        return feeds, small
+
+    def _change_terms(self, time: int, feeds: dict[str, DataFrame]) -> list[tuple[int, DataFrame]]:
+        """The query's change at ``time`` as terms ``(diff, result)``: per source whose version
+        moves, the query over its inserted rows (+1) and its deleted rows (-1) and the other
+        sources, those before it (in the view's order) at the time's versions, those after it
+        at the versions before (:mod:`mvsink.desired.join`; one source: the query over its
+        change alone)."""
+        names, terms = list(self.sources), []
+        before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
+        for i, name in enumerate(names):
+            if before[name] == after[name]:
+                continue
+            others = {other: self.read_source(other, (after if j < i else before)[other], self._session())
+                      for j, other in enumerate(names) if j != i}
+            terms += [(diff, self._query({**others, name: rows})) for diff, rows in self._feed_rows(feeds[name], time)]
+        return terms
+
+    def _aggregate_changes(self, times: list[int]) -> Changes:
+        """Per time, the groups' state moved by the sources' changes (the aggregate's input over
+        each term of :meth:`_change_terms`, with its diff), and the moved groups' output rows before (-1)
+        and after (+1), see :mod:`mvsink.desired.linear_aggregate`. Each time's new state and its updates
+        are held by one Spark job, which also counts them (in one task where the feed and the
+        groups are small); where distinct groups have distinct rows, the updates are consolidated
+        as they are. The next step starts from the last state."""
+        aggregate, groups = self.aggregate, self._groups
+        if self._state_time != times[0] - 1:  # none held for that time (after a recomputed range)
+            self._hold_state(times[0] - 1)
+        # held: read once for all the times, and a query over held rows keeps its Aggregate (over
+        # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
+        feeds, small = self._source_feeds(times)
+        parts, size, key_moves = [], 0, False
+        for time in times:
+            changed = reduce(DataFrame.unionByName, [
+                groups.rows_as_state(aggregate.aggregate_input(result), diff)
+                for diff, result in self._change_terms(time, feeds)])
+            one_task = small and self._state_groups <= ONE_TASK_GROUPS
+            combined, (moved, moves, kept) = held_observing(
+                groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement)
+            size, key_moves = size + moved, key_moves or moves
+            parts.append(self._as_updates(groups.updates(combined), time))
+            self._state, self._state_time, self._state_groups = groups.kept_state(combined), time, kept
+        updates = self._finish(reduce(DataFrame.unionByName, parts))
+        if not aggregate.rows_are_distinct:
+            return held_changes(updates, times[0], self.view.key)
+        return Changes(updates, size, times[0], key_moves if self.view.key else None)
+
+    @staticmethod
+    def _feed_rows(feed: DataFrame, time: int) -> list[tuple[int, DataFrame]]:
+        """The feed's inserted (+1) and deleted (-1) rows at ``time``, in the source's columns."""
+        return [(diff, feed.where((F.col(TIME) == time) & (F.col(DIFF) == diff)).drop(TIME, DIFF))
+                for diff in (1, -1)]
+
+    def _row_wise_changes(self, times: list[int]) -> Changes:
+        """The query over the source's change feed (held): per time, over the inserted rows at +1
+        and over the deleted rows at -1 (see :mod:`mvsink.desired.row_wise`)."""
+        (name,) = self.sources
+        feed, first, last = self._feed(times)
+        small = feed_is_small(self.sources[name], first, last)
+        feed, source_keys_move = self._hold_feed(feed, small)
+        parts = [self._as_updates(self._query({name: rows}), time, diff)
+                 for time in times for diff, rows in self._feed_rows(feed, time)]
+        changes = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key,
+                               one_task=small)
+        if self._source_keys_unique(source_keys_move, times, changes.key_counts_change):
+            return replace(changes, key_counts_change=False, touched=None)
+        return changes
+
+    def _hold_feed(self, feed: DataFrame, small: bool) -> tuple[DataFrame, bool]:
+        """The ``feed`` held, and whether some source key's row count changes at some time in it
+        (True where the view's key is not the source's): observed by the Spark job that holds it,
+        over per-(key, time) sums of the feed shuffled by the key (gathered in one task if
+        ``small``: no shuffle)."""
+        if self._source_key is None:
+            return feed.localCheckpoint(eager=True), True
+        spread = feed.coalesce(1) if small else feed.repartition(*self._source_key)
+        net = spread.withColumn(NET, F.sum(DIFF).over(Window.partitionBy(*self._source_key, TIME)))
+        held, (moves,) = held_observing(net, _SOURCE_KEYS, F.coalesce(F.max(F.col(NET) != 0), F.lit(False)),
+                                        keep=feed.columns)
+        return held, moves
+
+    def _source_keys_unique(self, moves: bool, times: list[int], wanted: bool) -> bool:
+        """Whether the source's rows have unique key values (:attr:`_source_key`) at every one of
+        ``times``. Then so do the view's, whose rows are at most one per source row and carry its
+        key values: no key violation can start or end, and no key needs checking.
+
+        Where no source key's row count ``moves`` (in the common case, updates, none does), the
+        answer at the time before holds at every one of ``times``. Where that is not known, the
+        source's key columns at the last time are read once (:func:`~mvsink.desired.key_check.unique_keys`),
+        if the answer is ``wanted`` (a key's count in the view changes); from then on the answer is
+        kept, step by step."""
+        if moves:
+            self._source_keys_known = None
+            return False
+        known = self._source_keys_known
+        if known is not None and known[0] == times[0] - 1:
+            unique = known[1]
+        elif not wanted:
+            self._source_keys_known = None
+            return False
+        else:
+            (name,) = self.sources
+            rows = self.read_source(name, self.timeline.versions(times[-1])[name])
+            key = self._source_key
+            _, unique = unique_keys(rows.select(*key, F.lit(1).cast("long").alias(DIFF)), key)
+        self._source_keys_known = (times[-1], unique)
+        return unique
+
+    def _recomputed_changes(self, times: list[int]) -> Changes:
+        """One evaluation per time, the difference to the last result: the new result at +1 and
+        the last at -1, consolidated (each distinct row's count difference, exactly a multiset
+        difference both ways; one shuffle for all the times, whose updates differ in time)."""
+        if self._previous_time is not None and self._previous_time >= times[0]:
+            raise RuntimeError(f"snapshot input asked for changes from {times[0]} after evaluating "
+                               f"{self._previous_time}")
+        if self._previous is None:  # none kept (row-wise until now): evaluated again at its versions
+            before = times[0] - 1
+            self._remember(before, self._result_at(before))
+        parts = []
+        for time in times:
+            previous = self._previous
+            self._remember(time, self._result_at(time))
+            parts += [self._as_updates(self._previous, time, 1), self._as_updates(previous, time, -1)]
+        updates = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
+        if self.row_wise or self.aggregate is not None or self.join:  # back to the sources' changes next time
+            self._previous = self._previous_time = None
+        return updates
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

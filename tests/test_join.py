@@ -1,0 +1,144 @@
+"""Inner-join views (:mod:`mvsink.desired.join`): which queries are, and that their changes from
+their sources' changes equal the full evaluation at every time."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from helpers import create_source, insert
+from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition, read_view
+from mvsink.desired.join import is_inner_join, reads_each_once
+from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN
+
+ORDERS, CUSTOMERS = "id BIGINT, cust BIGINT, amount INT", "cust BIGINT, segment STRING"
+JOIN = ("SELECT o.id, o.amount, c.segment FROM orders o JOIN customers c ON o.cust = c.cust "
+        "WHERE o.amount > 1")
+AGGREGATE = ("SELECT c.segment, count(*) AS n, sum(o.amount) AS total FROM orders o JOIN customers c "
+             "ON o.cust = c.cust GROUP BY c.segment")
+
+
+@pytest.mark.parametrize("sql, join", [
+    (JOIN, True),
+    ("SELECT o.id, c.segment, o.amount * 2 AS twice FROM orders o, customers c WHERE o.cust = c.cust", True),
+    ("SELECT o.id, c.segment FROM orders o JOIN customers c ON o.cust = c.cust AND o.amount < length(c.segment)",
+     True),
+    ("SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust", False),
+    ("SELECT c.segment, count(*) AS n FROM orders o JOIN customers c ON o.cust = c.cust GROUP BY c.segment", False),
+    ("SELECT o.id, c.segment FROM orders o JOIN customers c ON o.cust = c.cust WHERE rand() > 0.5", False),
+    ("SELECT a.id FROM orders a JOIN orders b ON a.cust = b.cust", False),  # a self-join reads a source twice
+    ("SELECT o.id FROM orders o WHERE o.cust IN (SELECT cust FROM customers)", False),
+], ids=["equi", "where", "extra-condition", "left", "aggregate", "rand", "self", "subquery"])
+def test_which_queries_are_inner_joins(spark, tmp_path, sql, join):
+    """Over the sources, and over rows held in Spark, each read once, as a view checks it."""
+    held = []
+    for name, schema in (("orders", ORDERS), ("customers", CUSTOMERS)):
+        create_source(spark, str(tmp_path / name), schema=schema)
+        spark.read.format("delta").load(str(tmp_path / name)).createOrReplaceTempView(name)
+    over_sources = spark.sql(sql)
+    for name in ("orders", "customers"):
+        held.append(spark.table(name).limit(0).localCheckpoint(eager=True))
+        held[-1].createOrReplaceTempView(name)
+    over_held = spark.sql(sql)
+    assert (is_inner_join(over_sources, TABLE_SCAN, 2) and is_inner_join(over_held, HELD_ROWS, 2)
+            and reads_each_once(over_held, held)) is join
+
+
+def _edit_orders(spark, src: str, rng: random.Random, next_id: list[int]) -> None:
+    """Duplicate rows, null join keys, rows moving to another customer, deletes, and a row
+    deleted and inserted again in one commit."""
+    kind = rng.choice(["insert", "move", "delete", "reinsert"])
+    if kind == "insert":
+        rows = [(next_id[0] + i, rng.choice([1, 2, 3, 4, None]), rng.randint(0, 5)) for i in range(rng.randint(1, 4))]
+        next_id[0] += len(rows)
+        insert(spark, src, rows + rows[:1])  # a duplicate
+    elif kind == "move":
+        spark.sql(f"UPDATE delta.`{src}` SET cust = {rng.randint(1, 5)} WHERE pmod(id, 4) = {rng.randint(0, 3)}")
+    elif kind == "delete":
+        spark.sql(f"DELETE FROM delta.`{src}` WHERE pmod(id, 5) = {rng.randint(0, 4)}")
+    else:
+        id_ = rng.randint(0, 30)
+        spark.sql(f"INSERT INTO delta.`{src}` REPLACE WHERE id = {id_} SELECT * FROM delta.`{src}` WHERE id = {id_}")
+
+
+def _edit_customers(spark, src: str, rng: random.Random) -> None:
+    """Customers changing segment, duplicated, deleted, null keys, appearing."""
+    kind = rng.choice(["segment", "delete", "insert"])
+    if kind == "segment":
+        spark.sql(f"UPDATE delta.`{src}` SET segment = '{rng.choice('xyz')}' WHERE cust = {rng.randint(1, 5)}")
+    elif kind == "delete":
+        spark.sql(f"DELETE FROM delta.`{src}` WHERE cust = {rng.randint(1, 5)}")
+    else:
+        insert(spark, src, [(rng.choice([1, 2, 3, 4, 5, None]), rng.choice("xyz"))])
+
+
+@pytest.mark.parametrize("sql, feed", [(JOIN, True), (JOIN, False), (AGGREGATE, False)],
+                         ids=["join", "join-no-feed", "aggregate-no-feed"])
+def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, sql, feed):
+    """The same view twice, one from its sources' changes (an inner join, or a linear aggregate
+    over one: groups appear and empty), one evaluated in full;
+    1-3 commits to either or both sources per time (deletes on both sides in one time), and a
+    replica that catches up over every time at once at the end. At every time both have the
+    same rows."""
+    rng = random.Random(17)
+    orders, customers = str(tmp_path / "orders"), str(tmp_path / "customers")
+    create_source(spark, orders, [(i, rng.choice([1, 2, 3, None]), rng.randint(0, 5)) for i in range(20)], ORDERS)
+    create_source(spark, customers, [(1, "x"), (2, "y"), (2, "y"), (3, "z"), (None, "x")], CUSTOMERS)
+    if not feed:
+        spark.sql(f"ALTER TABLE delta.`{orders}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
+    sources = {"orders": orders, "customers": customers}
+
+    def view(name: str, replica: str = "r1") -> MaterializedView:
+        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=sql),
+                                                      sources=sources, replica_id=replica))
+
+    views = {name: view(name) for name in ("joined", "recomputed")}
+    assert views["joined"].desired.join or views["joined"].desired.aggregate is not None
+    views["recomputed"].desired.join, views["recomputed"].desired.aggregate = False, None
+    late = view("joined", "r2")
+    next_id = [100]
+    for round_ in range(7):
+        for each in views.values():
+            each.run_until_caught_up()
+        if round_ == 0:
+            late.run_until_caught_up()
+        for _ in range(rng.randint(1, 3)):
+            if rng.random() < 0.7:
+                _edit_orders(spark, orders, rng, next_id)
+            if rng.random() < 0.6:
+                _edit_customers(spark, customers, rng)
+    for each in [*views.values(), late]:
+        each.run_until_caught_up()
+    upper = views["joined"].observed_upper
+    assert upper == views["recomputed"].observed_upper >= 7
+    assert views["joined"].desired._previous is None, "a join keeps no result, an aggregate its groups"
+    for at in range(upper):
+        joined, recomputed = (Counter(tuple(r) for r in read_view(spark, str(tmp_path / n), n, at).collect())
+                              for n in ("joined", "recomputed"))
+        assert joined == recomputed, f"time {at}"
+
+
+def test_the_refresh_policy_and_the_strategy_each_step_reports(spark, tmp_path):
+    """``incremental`` refuses a query that cannot be maintained, naming the operator; ``full``
+    evaluates a join in full; each step's report says which strategy computed its changes."""
+    orders, customers = str(tmp_path / "orders"), str(tmp_path / "customers")
+    create_source(spark, orders, [(1, 1, 5)], ORDERS)
+    create_source(spark, customers, [(1, "x")], CUSTOMERS)
+    sources = {"orders": orders, "customers": customers}
+
+    def view(name: str, sql: str, refresh: str) -> MaterializedView:
+        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name),
+                                                      SnapshotInput(sql=sql, refresh=refresh), sources=sources,
+                                                      replica_id="r1"))
+
+    left = "SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust"
+    with pytest.raises(ConfigError, match="refresh incremental.*it has a LeftOuter Join"):
+        view("left", left, "incremental")
+    views = {"inner join": view("auto", JOIN, "auto"), "full evaluation": view("full", JOIN, "full")}
+    for each in views.values():
+        each.run_until_caught_up()
+    insert(spark, orders, [(2, 1, 7)])
+    for strategy, each in views.items():
+        assert strategy in {each.step().strategy for _ in range(4)}

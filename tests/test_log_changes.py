@@ -1,0 +1,131 @@
+"""A source's changes from its Delta log (:mod:`mvsink.desired.log_changes`), without a change data
+feed: each commit's added files at +1 and removed files at -1, consolidated, are the difference of
+the source's snapshots before and after it, for every kind of commit; where the files do not hold
+the table's rows (deletion vectors, a schema change) it says so before reading any."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from helpers import insert, vacuum_all
+from mvsink.desired.changes import unreadable
+from mvsink.desired.log_changes import LogChangesUnavailable, log_changes
+from mvsink.table import latest_version
+from mvsink.updates import DIFF, TIME
+
+SCHEMA = "id BIGINT, part STRING, v INT"
+
+
+def _source(spark, path: str, partitioned: bool, deletion_vectors: bool = False) -> None:
+    spark.sql(f"CREATE TABLE delta.`{path}` ({SCHEMA}) USING delta {'PARTITIONED BY (part)' if partitioned else ''} "
+              f"TBLPROPERTIES (delta.enableDeletionVectors = {str(deletion_vectors).lower()})")
+
+
+def _snapshot(spark, path: str, version: int) -> Counter:
+    return Counter(tuple(r) for r in spark.read.format("delta").option("versionAsOf", version).load(path).collect())
+
+
+def _changes_by_version(spark, path: str, first: int, last: int) -> dict[int, Counter]:
+    """The log changes of each version ``first`` to ``last`` (its own time), consolidated."""
+    changes = log_changes(spark, path, [(v, v, v) for v in range(first, last + 1)])
+    by_version: dict[int, Counter] = {v: Counter() for v in range(first, last + 1)}
+    for row in changes.collect():
+        by_version[row[TIME]][tuple(row[c] for c in ("id", "part", "v"))] += row[DIFF]
+    return {v: +c - (-c) for v, c in by_version.items()}  # zero counts dropped, negatives kept
+
+
+def _difference(before: Counter, after: Counter) -> Counter:
+    return +(after - before) - (+(before - after))
+
+
+def _random_commits(spark, path: str, rng: random.Random, commits: int) -> None:
+    """Inserts with duplicates and null partitions, updates moving rows between partitions, deletes,
+    a delete and re-insert in one MERGE, an overwrite of a partition, OPTIMIZE, a table property."""
+    def rows(n):
+        return [(rng.randint(0, 12), rng.choice(["a", "b", None]), rng.randint(0, 3)) for _ in range(n)]
+    for _ in range(commits):
+        kind = rng.choice(["insert", "update", "move", "delete", "merge", "overwrite", "optimize", "property"])
+        if kind == "insert":
+            insert(spark, path, rows(rng.randint(1, 5)))
+        elif kind == "update":
+            spark.sql(f"UPDATE delta.`{path}` SET v = v + 1 WHERE pmod(id, 3) = {rng.randint(0, 2)}")
+        elif kind == "move":
+            spark.sql(f"UPDATE delta.`{path}` SET part = CASE WHEN part = 'a' THEN 'b' ELSE 'a' END "
+                      f"WHERE id < {rng.randint(2, 8)}")
+        elif kind == "delete":
+            spark.sql(f"DELETE FROM delta.`{path}` WHERE v = {rng.randint(0, 3)}")
+        elif kind == "merge":  # every row of one id deleted and one of them inserted again, one commit
+            spark.sql(f"MERGE INTO delta.`{path}` t USING (SELECT {rng.randint(0, 12)} AS id) s ON t.id = s.id "
+                      "WHEN MATCHED THEN DELETE WHEN NOT MATCHED BY SOURCE AND t.id = 0 THEN UPDATE SET v = 9")
+            insert(spark, path, rows(1))
+        elif kind == "overwrite":
+            spark.sql(f"INSERT INTO delta.`{path}` REPLACE WHERE part = 'a' "
+                      f"SELECT id, part, v FROM delta.`{path}` WHERE part = 'a' AND id > 3")
+        elif kind == "optimize":
+            spark.sql(f"OPTIMIZE delta.`{path}`")
+        else:
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (mvsink.test = '{rng.randint(0, 9)}')")
+
+
+@pytest.mark.parametrize("partitioned", [False, True], ids=["unpartitioned", "partitioned"])
+def test_each_commits_log_changes_are_the_difference_of_its_snapshots(spark, tmp_path, partitioned):
+    path = str(tmp_path / "src")
+    _source(spark, path, partitioned)
+    insert(spark, path, [(i, "ab"[i % 2], 0) for i in range(8)] + [(1, "a", 0), (2, None, 1)])
+    _random_commits(spark, path, random.Random(5 + partitioned), commits=10)
+    last = latest_version(path)
+    changes = _changes_by_version(spark, path, 1, last)
+    for version in range(1, last + 1):
+        expected = _difference(_snapshot(spark, path, version - 1), _snapshot(spark, path, version))
+        assert changes[version] == expected, f"version {version}"
+
+
+def test_changes_of_several_commits_at_one_time_are_their_sum(spark, tmp_path):
+    path = str(tmp_path / "src")
+    _source(spark, path, partitioned=True)
+    insert(spark, path, [(1, "a", 0), (2, "b", 0)])
+    insert(spark, path, [(3, "a", 0)])
+    spark.sql(f"UPDATE delta.`{path}` SET part = 'b' WHERE id = 1")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 3")
+    last = latest_version(path)
+    rows = log_changes(spark, path, [(7, 2, last)]).collect()
+    net = Counter()
+    for row in rows:
+        assert row[TIME] == 7
+        net[(row["id"], row["part"], row["v"])] += row[DIFF]
+    assert +net - (-net) == _difference(_snapshot(spark, path, 1), _snapshot(spark, path, last))
+
+
+def test_deletion_vectors_schema_changes_and_column_mapping_make_the_log_changes_unavailable(spark, tmp_path):
+    with_vectors = str(tmp_path / "dv")
+    _source(spark, with_vectors, partitioned=False, deletion_vectors=True)
+    insert(spark, with_vectors, [(i, "a", 0) for i in range(10)])
+    spark.sql(f"DELETE FROM delta.`{with_vectors}` WHERE id = 3")
+    with pytest.raises(LogChangesUnavailable, match="version 2 .* deletion vector"):
+        log_changes(spark, with_vectors, [(2, 2, 2)])
+    widened = str(tmp_path / "schema")
+    _source(spark, widened, partitioned=False)
+    insert(spark, widened, [(1, "a", 0)])
+    spark.sql(f"ALTER TABLE delta.`{widened}` ADD COLUMNS (w INT)")
+    with pytest.raises(LogChangesUnavailable, match="schema of .* changes in versions 2..2"):
+        log_changes(spark, widened, [(2, 2, 2)])
+    mapped = str(tmp_path / "mapped")
+    spark.sql(f"CREATE TABLE delta.`{mapped}` ({SCHEMA}) USING delta TBLPROPERTIES "
+              "(delta.columnMapping.mode = 'name', delta.minReaderVersion = 2, delta.minWriterVersion = 5)")
+    insert(spark, mapped, [(1, "a", 0)])
+    with pytest.raises(LogChangesUnavailable, match="column mapping"):
+        log_changes(spark, mapped, [(1, 1, 1)])
+
+
+def test_vacuumed_files_are_told_unreadable(spark, tmp_path):
+    path = str(tmp_path / "src")
+    _source(spark, path, partitioned=False)
+    insert(spark, path, [(1, "a", 0)])
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id = 1")
+    vacuum_all(spark, path)
+    with pytest.raises(Exception) as gone:
+        log_changes(spark, path, [(2, 2, 2)]).collect()
+    assert unreadable(gone.value) is not None, str(gone.value)[:300]
