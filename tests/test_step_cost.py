@@ -172,7 +172,7 @@ def test_a_hydration_whose_staging_fails_hydrates_again(spark, tmp_path, monkeyp
     to be right: the replica forgets it and the next step hydrates again, with the key error."""
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a"), (2, "b"), (2, "c")])
-    real, calls = sink_module.stage, []
+    real, calls = sink_module.stage_plain, []  # the table layout's staging
 
     def fails_once(*args, **kwargs):
         calls.append(1)
@@ -180,7 +180,7 @@ def test_a_hydration_whose_staging_fails_hydrates_again(spark, tmp_path, monkeyp
             raise OSError("no space left on device")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(sink_module, "stage", fails_once)
+    monkeypatch.setattr(sink_module, "stage_plain", fails_once)
     mv = MaterializedView(spark, ViewDefinition("again", tgt, ChangesInput(src), key=("id",), replica_id="r1"))
     with pytest.raises(OSError, match="no space"):
         mv.step()
