@@ -68,7 +68,7 @@ def test_replicas_with_random_restarts_keep_the_table_exact(spark, tmp_path, rep
           f"{result.summary()}")
     assert result.ok, result.problems[:5]
     assert restarts == RESTARTS
-    assert result.times_checked == view_upper_of(tgt, "shouty"), "every time, at the version that holds it"
+    assert result.times_checked >= view_upper_of(tgt, "shouty"), "every time, at the version that holds it (a compaction's version again)"
     writers = {replica for _, _, reason, replica in result.commits if reason != "advance-upper"}
     assert len(writers) >= 2, f"only {writers} ever won a commit: the replicas did not race"
     if replicas == 2:  # readers that know nothing of mvsink, at the version that holds each time
