@@ -324,15 +324,15 @@ def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.T
         context = TaskContext.get()
         tables = _from_ipc(payload.value)
         wanted, given = tables[0], tables[1:]
+        stored = wanted.schema.remove(wanted.schema.get_field_index(COPIES))
+        copies = wanted.column(COPIES).to_pylist()
         fs, root = storage.filesystem(target)
         for batch in batches:
             for path, share, quota in zip(*(batch.column(c).to_pylist() for c in ("path", "share", "quotas"))):
-                stored = wanted.schema.remove(wanted.schema.get_field_index(COPIES))
                 rows = storage.retrying(f"reading {path}", _read, fs, storage.join(root, unquote(path)))
                 rows = _conform(rows, stored, path)
                 positions = _copies(rows, wanted, prune_column)
                 limits = dict(quota or [])
-                copies = wanted.column(COPIES).to_pylist()
                 drop = {r: p[:limits.get(r, copies[r])] for r, p in positions.items()}
                 drop = {r: p for r, p in drop.items() if p}
                 row = None
