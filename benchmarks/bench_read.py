@@ -53,7 +53,7 @@ def run(args, workdir: str) -> int:
     from pyspark.sql import functions as F
 
     from mvsink import ChangesInput, MaterializedView, ViewDefinition
-    from mvsink.read import plain_sql, read_view
+    from mvsink.target.read import plain_sql, read_view
     from mvsink.spark import spark_session
     from deltalake import DeltaTable
 

@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 STAGED_PREFIX = "mvsink-"
 
 #: Where a table-layout view's error updates are staged: a hidden folder of the table directory,
-#: which Delta readers and VACUUM leave alone (see :mod:`mvsink.layout`).
+#: which Delta readers and VACUUM leave alone (see :mod:`mvsink.target.layout`).
 ERRORS_DIR = "_mv_errors"
 
 #: Rows a staged file buffers before writing them as one Parquet row group (in memory, Arrow).
