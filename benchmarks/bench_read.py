@@ -12,10 +12,13 @@ are read, and the same rows in a plain Delta table written by overwrite:
 
 The table layout is read as any reader reads a table (``spark.read.format("delta")``,
 ``delta_scan``); the update layout with ``read_view`` and the SQL ``mvsink sql`` prints. Each
-read runs once to warm up, then ``--repeat`` times; the median is printed with the ratio to the
+read runs once to warm up, then ``--repeat`` times, the readers taking turns read by read (so a
+load elsewhere on the machine falls on them alike); the median is printed with the ratio to the
 plain table. The answers are compared, so no reader is timed reading something else.
 
-Run: ``python benchmarks/bench_read.py [--rows 1000000] [--steps 100]``.
+Run: ``python benchmarks/bench_read.py [--rows 1000000] [--steps 100]``; with ``--workdir DIR`` the
+tables stay, and ``--reads-only --workdir DIR`` times the reads of them again (on a quieter
+machine, say) without building the view again.
 """
 
 from __future__ import annotations
@@ -44,7 +47,14 @@ def main() -> int:
     parser.add_argument("--with-updates-layout", action="store_true",
                         help="also keep the view in the update layout and read it")
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
+    parser.add_argument("--reads-only", action="store_true",
+                        help="only time the reads, of the tables an earlier run left in --workdir (give it the "
+                             "same --rows): the reads again on a quieter machine, without building the view again")
     args = parser.parse_args()
+    if args.reads_only:
+        if not args.workdir or not os.path.isdir(os.path.join(args.workdir, "plain")):
+            parser.error("--reads-only needs the --workdir of an earlier run, with its view and plain tables")
+        return run(args, args.workdir)
     with work_directory(args.workdir, "read") as workdir:
         return run(args, workdir)
 
@@ -52,7 +62,6 @@ def main() -> int:
 def run(args, workdir: str) -> int:
     from pyspark.sql import functions as F
 
-    from mvsink import ChangesInput, MaterializedView, ViewDefinition
     from mvsink.target.read import plain_sql, read_view
     from mvsink.spark import spark_session
     from deltalake import DeltaTable
@@ -62,7 +71,85 @@ def run(args, workdir: str) -> int:
 
     spark = spark_session("mvsink-bench-read")
     source, table_view, updates_view, plain = (os.path.join(workdir, n) for n in ("source", "view", "updates", "plain"))
-    print(f"building a {args.rows:,}-row source in {workdir} ...", flush=True)
+    write_seconds: dict[str, list[float]] = {}
+    most_files = None
+    if not args.reads_only:
+        write_seconds, most_files = build(args, spark, source, table_view, updates_view, plain)
+    key = args.rows // 2 + 7
+    con = duckdb_with_delta()
+    full_sql = "SELECT count(*), sum(amount) FROM ({})"
+    key_sql = f"SELECT * FROM ({{}}) WHERE id = {key}"
+    readers = {
+        "plain table": {
+            "spark, every row": lambda: tuple(spark.read.format("delta").load(plain).agg(F.count("*"), F.sum("amount")).first()),
+            "spark, one key": lambda: tuple(spark.read.format("delta").load(plain).where(F.col("id") == key).first()),
+            "duckdb, every row": lambda: con.sql(full_sql.format(f"SELECT * FROM delta_scan('{plain}')")).fetchone(),
+            "duckdb, one key": lambda: con.sql(key_sql.format(f"SELECT * FROM delta_scan('{plain}')")).fetchone(),
+        },
+        "mvsink, table layout": {
+            "spark, every row": lambda: tuple(spark.read.format("delta").load(table_view).agg(F.count("*"), F.sum("amount")).first()),
+            "spark, one key": lambda: tuple(spark.read.format("delta").load(table_view).where(F.col("id") == key).first()),
+            "duckdb, every row": lambda: con.sql(full_sql.format(f"SELECT * FROM delta_scan('{table_view}')")).fetchone(),
+            "duckdb, one key": lambda: con.sql(key_sql.format(f"SELECT * FROM delta_scan('{table_view}')")).fetchone(),
+        },
+    }
+    if args.with_updates_layout:
+        readers["mvsink, update layout"] = {
+            "spark, every row": lambda: tuple(read_view(spark, updates_view, "bench").agg(F.count("*"), F.sum("amount")).first()),
+            "spark, one key": lambda: tuple(read_view(spark, updates_view, "bench").where(F.col("id") == key).first()),
+            "duckdb, every row": lambda: con.sql(full_sql.format(plain_sql(updates_view))).fetchone(),
+            "duckdb, one key": lambda: con.sql(key_sql.format(plain_sql(updates_view))).fetchone(),
+        }
+    # The readers take turns, read by read, so that a load elsewhere on the machine falls on them alike.
+    medians: dict[str, dict[str, float]] = {}
+    answers: dict[str, dict[str, tuple]] = {}
+    for what in readers["plain table"]:
+        times: dict[str, list[float]] = {name: [] for name in readers}
+        for name, reads in readers.items():
+            answers.setdefault(what, {})[name] = tuple(reads[what]())
+        for _ in range(args.repeat):
+            for name, reads in readers.items():
+                started = time.perf_counter()
+                reads[what]()
+                times[name].append(time.perf_counter() - started)
+        for name in readers:
+            medians.setdefault(name, {})[what] = statistics.median(times[name])
+    files = {name: len(DeltaTable(path).file_uris()) for name, path in
+             [("plain table", plain), ("mvsink, table layout", table_view)]
+             + ([("mvsink, update layout", updates_view)] if args.with_updates_layout else [])}
+    print("\n=== reading the view's latest rows against a plain Delta table of the same rows ===")
+    print(f"machine: {machine()}")
+    print(f"workload: {args.rows:,}-row view after {args.steps} steps each updating {args.change_fraction:.2%} "
+          f"of the rows{' and inserting and deleting a tenth of that' if args.inserts_and_deletes else ''}; "
+          "files: " + ", ".join(f"{n} {c}" for n, c in files.items())
+          + (f"; the table layout held at most {most_files} files over the run" if most_files is not None
+             else "; reads only, of the tables an earlier run left"))
+    if write_seconds:
+        print("writes per version, p50: " + ", ".join(f"{layout} layout {statistics.median(s):.2f}s"
+                                                      for layout, s in write_seconds.items()))
+    print(f"{'read (median of ' + str(args.repeat) + ')':24}" + "".join(f"{n:>28}" for n in readers))
+    same = True
+    for what in readers["plain table"]:
+        base = medians["plain table"][what]
+        cells = "".join(f"{medians[n][what]:>17.3f}s ({medians[n][what] / base:4.2f}x)" for n in readers)
+        agree = len(set(answers[what].values())) == 1
+        same = same and agree
+        print(f"{what:24}{cells}{'' if agree else '  ANSWERS DIFFER: ' + str(answers[what])}")
+    print(f"answers identical: {same}")
+    spark.stop()
+    return 0 if same else 1
+
+
+def build(args, spark, source: str, table_view: str, updates_view: str, plain: str):
+    """The source, its ``--steps`` versions, the views following them, and the plain table of the
+    view's rows at the end; returns the seconds each layout took per version and the most files
+    the table layout held."""
+    from pyspark.sql import functions as F
+
+    from mvsink import ChangesInput, MaterializedView, ViewDefinition
+    from deltalake import DeltaTable
+
+    print(f"building a {args.rows:,}-row source in {os.path.dirname(source)} ...", flush=True)
     (spark.range(args.rows)
      .select("id", F.concat(F.lit("customer-"), (F.col("id") % 5000).cast("string")).alias("customer"),
              (F.col("id") % 997).alias("amount"), F.sha1(F.col("id").cast("string")).alias("note"))
@@ -98,64 +185,7 @@ def run(args, workdir: str) -> int:
                   + f"; table layout: {len(DeltaTable(table_view).file_uris())} files (at most {most_files})",
                   flush=True)
     spark.read.format("delta").load(table_view).write.format("delta").mode("overwrite").save(plain)
-    key = args.rows // 2 + 7
-    con = duckdb_with_delta()
-    full_sql = "SELECT count(*), sum(amount) FROM ({})"
-    key_sql = f"SELECT * FROM ({{}}) WHERE id = {key}"
-    readers = {
-        "plain table": {
-            "spark, every row": lambda: tuple(spark.read.format("delta").load(plain).agg(F.count("*"), F.sum("amount")).first()),
-            "spark, one key": lambda: tuple(spark.read.format("delta").load(plain).where(F.col("id") == key).first()),
-            "duckdb, every row": lambda: con.sql(full_sql.format(f"SELECT * FROM delta_scan('{plain}')")).fetchone(),
-            "duckdb, one key": lambda: con.sql(key_sql.format(f"SELECT * FROM delta_scan('{plain}')")).fetchone(),
-        },
-        "mvsink, table layout": {
-            "spark, every row": lambda: tuple(spark.read.format("delta").load(table_view).agg(F.count("*"), F.sum("amount")).first()),
-            "spark, one key": lambda: tuple(spark.read.format("delta").load(table_view).where(F.col("id") == key).first()),
-            "duckdb, every row": lambda: con.sql(full_sql.format(f"SELECT * FROM delta_scan('{table_view}')")).fetchone(),
-            "duckdb, one key": lambda: con.sql(key_sql.format(f"SELECT * FROM delta_scan('{table_view}')")).fetchone(),
-        },
-    }
-    if args.with_updates_layout:
-        readers["mvsink, update layout"] = {
-            "spark, every row": lambda: tuple(read_view(spark, updates_view, "bench").agg(F.count("*"), F.sum("amount")).first()),
-            "spark, one key": lambda: tuple(read_view(spark, updates_view, "bench").where(F.col("id") == key).first()),
-            "duckdb, every row": lambda: con.sql(full_sql.format(plain_sql(updates_view))).fetchone(),
-            "duckdb, one key": lambda: con.sql(key_sql.format(plain_sql(updates_view))).fetchone(),
-        }
-    medians: dict[str, dict[str, float]] = {}
-    answers: dict[str, dict[str, tuple]] = {}
-    for name, reads in readers.items():
-        for what, read in reads.items():
-            answers.setdefault(what, {})[name] = tuple(read())
-            times = []
-            for _ in range(args.repeat):
-                started = time.monotonic()
-                read()
-                times.append(time.monotonic() - started)
-            medians.setdefault(name, {})[what] = statistics.median(times)
-    files = {name: len(DeltaTable(path).file_uris()) for name, path in
-             [("plain table", plain), ("mvsink, table layout", table_view)]
-             + ([("mvsink, update layout", updates_view)] if args.with_updates_layout else [])}
-    print("\n=== reading the view's latest rows against a plain Delta table of the same rows ===")
-    print(f"machine: {machine()}")
-    print(f"workload: {args.rows:,}-row view after {args.steps} steps each updating {args.change_fraction:.2%} "
-          f"of the rows{' and inserting and deleting a tenth of that' if args.inserts_and_deletes else ''}; "
-          "files: " + ", ".join(f"{n} {c}" for n, c in files.items())
-          + f"; the table layout held at most {most_files} files over the run")
-    print("writes per version, p50: " + ", ".join(f"{layout} layout {statistics.median(s):.2f}s"
-                                                  for layout, s in write_seconds.items()))
-    print(f"{'read (median of ' + str(args.repeat) + ')':24}" + "".join(f"{n:>28}" for n in readers))
-    same = True
-    for what in readers["plain table"]:
-        base = medians["plain table"][what]
-        cells = "".join(f"{medians[n][what]:>17.3f}s ({medians[n][what] / base:4.2f}x)" for n in readers)
-        agree = len(set(answers[what].values())) == 1
-        same = same and agree
-        print(f"{what:24}{cells}{'' if agree else '  ANSWERS DIFFER: ' + str(answers[what])}")
-    print(f"answers identical: {same}")
-    spark.stop()
-    return 0 if same else 1
+    return write_seconds, most_files
 
 
 if __name__ == "__main__":
