@@ -41,7 +41,7 @@ def run(args, workdir: str) -> int:
     from pyspark.sql import functions as F
 
     from mvsink import ChangesInput, MaterializedView, Timeline, ViewDefinition
-    from mvsink.append import META_UPPER
+    from mvsink.target.commit_info import META_UPPER
     from mvsink.table import commit_info, latest_version
     from mvsink.spark import spark_session
 

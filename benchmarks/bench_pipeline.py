@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from pipeline_tpch import GOLD, SILVER  # noqa: E402  (the pipeline tests' six views)
 
-from mvsink.append import META_UPPER  # noqa: E402
+from mvsink.target.commit_info import META_UPPER, META_VIEW  # noqa: E402
 from mvsink.check import TimelineReader, caught_up  # noqa: E402
 from mvsink.table import commit_info, latest_version  # noqa: E402
 
@@ -249,7 +249,7 @@ def freshness(views: dict[str, str], timeline: str, rounds: list[tuple[dict, int
     for view, target in views.items():
         covered[view] = [(int(info[META_UPPER]), info["timestamp"])
                          for info in (commit_info(target, v) for v in range(latest_version(target) + 1))
-                         if info.get("mvsink.view") == view and META_UPPER in info]
+                         if info.get(META_VIEW) == view and META_UPPER in info]
     seconds = []
     for after, committed in rounds:
         t = 0

@@ -38,6 +38,9 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--inserts-and-deletes", action="store_true",
                         help="each step also inserts and deletes rows (new files, shrinking files)")
+    parser.add_argument("--source-deletion-vectors", action="store_true",
+                        help="the source has deletion vectors on, so its own updates stay cheap at 10M rows "
+                             "(the view is read from its change data feed either way)")
     parser.add_argument("--with-updates-layout", action="store_true",
                         help="also keep the view in the update layout and read it")
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
@@ -50,7 +53,7 @@ def run(args, workdir: str) -> int:
     from pyspark.sql import functions as F
 
     from mvsink import ChangesInput, MaterializedView, ViewDefinition
-    from mvsink.read import plain_sql, read_view
+    from mvsink.target.read import plain_sql, read_view
     from mvsink.spark import spark_session
     from deltalake import DeltaTable
 
@@ -64,7 +67,7 @@ def run(args, workdir: str) -> int:
      .select("id", F.concat(F.lit("customer-"), (F.col("id") % 5000).cast("string")).alias("customer"),
              (F.col("id") % 997).alias("amount"), F.sha1(F.col("id").cast("string")).alias("note"))
      .write.format("delta").option("delta.enableChangeDataFeed", "true")
-     .option("delta.enableDeletionVectors", "false").save(source))
+     .option("delta.enableDeletionVectors", str(args.source_deletion_vectors).lower()).save(source))
     views = [MaterializedView(spark, ViewDefinition("bench", table_view, ChangesInput(source), key=("id",),
                                                     replica_id="bench"))]
     if args.with_updates_layout:

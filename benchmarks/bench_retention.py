@@ -43,7 +43,7 @@ def run(args, workdir: str) -> int:
     from deltalake import DeltaTable
 
     from mvsink import ChangesInput, MaterializedView, ViewDefinition, read_view
-    from mvsink.read import plain_sql
+    from mvsink.target.read import plain_sql
     from mvsink.spark import spark_session
 
     spark = spark_session("mvsink-bench-retention")

@@ -186,7 +186,7 @@ def run(args, workdir: str) -> int:
               f"({written:,} updates; {phases}), MERGE {merge_times[-1]:.2f}s", flush=True)
 
     steps_heap = live_heap_mib(spark)
-    from mvsink.read import read_view
+    from mvsink.target.read import read_view
 
     same = fingerprint(read_view(spark, view_target, "bench"), columns) == fingerprint(
         spark.read.format("delta").load(merge_target), columns)

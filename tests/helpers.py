@@ -737,14 +737,14 @@ def duckdb_with_delta():
 def read_plainly_at_every_time(spark, target: str, view_id: str, columns: list[str], expected,
                                since: int = 0) -> tuple[int, int]:
     """Every time in `[since, upper)` of a table-layout view, read at the version that holds it
-    (:func:`mvsink.read.version_of_time`) by three readers that know nothing of mvsink (DuckDB
+    (:func:`mvsink.target.read.version_of_time`) by three readers that know nothing of mvsink (DuckDB
     attached at that version, delta-rs, Spark's time travel), each equal to ``expected(t)``.
     Times whose version also holds a foreign commit are skipped. Returns (times read, versions
     read)."""
     from collections import Counter
 
     from deltalake import DeltaTable
-    from mvsink.read import NotReadable, version_of_time, view_upper
+    from mvsink.target.read import NotReadable, version_of_time, view_upper
 
     con = duckdb_with_delta()
     rows_at: dict[int, Counter] = {}

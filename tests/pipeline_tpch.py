@@ -14,7 +14,7 @@ import duckdb
 
 from helpers import create_source, insert
 from mvsink.check import TimelineReader, table_at
-from mvsink.read import version_of_time
+from mvsink.target.read import version_of_time
 
 TABLES = {
     "nation": "n_nationkey BIGINT, n_name STRING",

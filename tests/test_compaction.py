@@ -27,8 +27,8 @@ from mvsink.append.compact import CompactionResult, compact, files_below
 from mvsink.check import TimelineReader
 from mvsink.cleanup import referenced_files
 from mvsink.mint import Description
-from mvsink.read import newest_first, updates
-from mvsink.target import create_target
+from mvsink.target.read import newest_first, updates
+from mvsink.target.create import create_target
 from mvsink.updates import TIME, contents_at, table_schema
 from mvsink.write import StagedBatch, StagedFile, staged_prefix
 from mvsink.write.stats import FileStats

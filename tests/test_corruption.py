@@ -14,7 +14,7 @@ from deltalake import DeltaTable
 from helpers import create_source, insert
 from mvsink import ChangesInput, MaterializedView, ViewDefinition, read_view
 from mvsink.check import TimelineReader, check_table, expected_from_source, table_at
-from mvsink.read import version_of_time
+from mvsink.target.read import version_of_time
 
 
 def _append(spark, tgt, upper, plain):

@@ -17,7 +17,7 @@ from mvsink import (ChangesInput, ConfigError, MaterializedView, TimeWentBackwar
 from mvsink.desired import key_check
 from mvsink.desired.change_feed import change_feed
 from mvsink.desired.row_errors import NullKeyErrors
-from mvsink.target import create_target
+from mvsink.target.create import create_target
 from mvsink.updates import ERROR, table_schema
 
 

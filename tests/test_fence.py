@@ -14,7 +14,8 @@ from deltalake import DeltaTable
 
 from helpers import ROOT, write_config
 from mvsink import failpoints
-from mvsink.append import META_DEFINITION, REASON_FENCE, Shard, compare_and_append
+from mvsink.append import Shard, compare_and_append
+from mvsink.target.commit_info import META_DEFINITION, REASON_FENCE
 from mvsink.append.fence import DefinitionRefused, Fence, Fenced, fence_of, fence_property
 from mvsink.mint import Description
 

@@ -15,8 +15,8 @@ from deltalake import DeltaTable
 from helpers import JOB, ROOT, create_source, insert, write_config
 from mvsink import ChangesInput, MaterializedView, ViewDefinition, read_view
 from mvsink.table import log_actions
-from mvsink.append.guard import ForeignTransaction, UnsupportedTarget, UpperWentBackwards
-from mvsink.target import create_target
+from mvsink.target.guard import ForeignTransaction, UnsupportedTarget, UpperWentBackwards
+from mvsink.target.create import create_target
 
 COLUMNS = "id BIGINT, v STRING, _mv_error STRING, _mv_time BIGINT"
 

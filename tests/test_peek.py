@@ -14,7 +14,7 @@ from mvsink.append import Shard, compare_and_append
 from mvsink.mint import Description
 from mvsink.replica import peek as peek_module
 from mvsink.replica.peek import PeekError, PeekNotReady, PeekRequest, _encoder, run_peek
-from mvsink.target import create_target
+from mvsink.target.create import create_target
 from mvsink.updates import table_schema
 from mvsink.write import stage
 

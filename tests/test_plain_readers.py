@@ -1,7 +1,7 @@
 """Readers that know nothing of mvsink see the view's rows: in the table layout (the default) the
 table itself, at its latest version (DuckDB's delta_scan, delta-rs, plain Spark) and, by time
 travel, at the version that holds each time; in the update layout with the SQL
-:func:`mvsink.read.plain_sql` prints. Each equal to an independent computation from the source,
+:func:`mvsink.target.read.plain_sql` prints. Each equal to an independent computation from the source,
 after every committed version."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 from helpers import create_source, duckdb_with_delta, insert, read_plainly_at_every_time
 from mvsink import ChangesInput, MaterializedView, ViewDefinition
 from mvsink.check import expected_from_source
-from mvsink.read import plain_sql, version_of_time, view_since, view_upper
+from mvsink.target.read import plain_sql, version_of_time, view_since, view_upper
 
 
 def test_any_delta_reader_reads_the_table_as_the_view_at_every_version(spark, tmp_path):

@@ -13,7 +13,7 @@ from mvsink import ChangesInput, ConfigError, MaterializedView, ViewDefinition, 
 from mvsink.append import retention
 from mvsink.append.retention import Retention
 from mvsink.check import check_table, expected_from_source
-from mvsink.read import view_since
+from mvsink.target.read import view_since
 
 
 @pytest.mark.parametrize("value,parsed", [

@@ -9,7 +9,8 @@ from deltalake import DeltaTable
 
 from helpers import S3_BUCKET, list_files, row_schema, s3_server_fixture, stage_row
 from mvsink import storage
-from mvsink.append import META_COMMIT, AppendError, Shard, compare_and_append
+from mvsink.append import AppendError, Shard, compare_and_append
+from mvsink.target.commit_info import META_COMMIT
 from mvsink.mint import Description
 
 

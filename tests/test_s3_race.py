@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 from helpers import (S3_BUCKET, assert_race_log, list_files, race_outcome, row_schema, run_racers,
                      s3_server_fixture)
 from mvsink import storage
-from mvsink.append import META_COMMIT
+from mvsink.target.commit_info import META_COMMIT
 
 PROCESSES = 3
 ROUNDS = 100

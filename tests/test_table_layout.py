@@ -18,7 +18,7 @@ from mvsink import (ChangesInput, ConfigError, MaterializedView, SnapshotInput, 
                     read_view, view_errors)
 from mvsink.append import retention
 from mvsink.check import check_table, expected_from_source
-from mvsink.read import NotReadable, version_of_time
+from mvsink.target.read import NotReadable, version_of_time
 from mvsink.table import latest_version, log_actions
 
 

@@ -10,7 +10,7 @@ from pyspark.sql import types as T
 
 from mvsink.append import Shard, compare_and_append
 from mvsink.mint import Description
-from mvsink.target import create_target
+from mvsink.target.create import create_target
 from mvsink.updates import table_schema
 from mvsink.view import ChangesInput, ViewDefinition
 from mvsink.write import batch_updates, stage

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 
 _HOMES = {
-    "mvsink.read": ("NotReadable", "ViewInError", "read_view", "register_temp_view", "version_of_time", "view_errors",
+    "mvsink.target.read": ("NotReadable", "ViewInError", "read_view", "register_temp_view", "version_of_time", "view_errors",
                     "view_since", "view_upper"),
     "mvsink.sink": ("MaterializedView", "StepReport", "TimeWentBackwards"),
     "mvsink.timeline": ("Timeline",),

@@ -25,7 +25,7 @@ from typing import Callable
 from deltalake import DeltaTable
 
 from mvsink import storage
-from mvsink.layout import TABLE, error_files, error_messages, layout_of
+from mvsink.target.layout import TABLE, error_files, error_messages, layout_of
 from mvsink.table import CONTENT_PRESERVING, commit_info, latest_version
 from mvsink.timeline import APP_ID as TIMELINE_APP_ID
 from mvsink.timeline import SOURCES_PROPERTY

@@ -28,7 +28,7 @@ from pyarrow.fs import FileSelector, FileType
 
 from mvsink import storage
 from mvsink.append import Shard
-from mvsink.layout import error_files
+from mvsink.target.layout import error_files
 from mvsink.write import ERRORS_DIR, STAGED_PREFIX
 
 log = logging.getLogger(__name__)

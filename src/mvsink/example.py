@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         return _check_cutover(source, target, timeline, args.check)
 
     from mvsink.check import caught_up
-    from mvsink.read import view_upper
+    from mvsink.target.read import view_upper
     from mvsink.spark import spark_session
 
     spark = spark_session("mvsink-example-driver")
@@ -246,7 +246,7 @@ def _cutover(blue: ExampleReplica, green: ExampleReplica) -> None:
 
 
 def _damage(spark, target: str) -> None:
-    from mvsink.read import view_upper
+    from mvsink.target.read import view_upper
 
     log.info("damage: appending a bogus row, deleting order 1 from the table (upper %d)", view_upper(target, VIEW_ID))
     for statement in (f"INSERT INTO delta.`{target}` VALUES (999, 'mallory', 1, 'bogus')",

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from mvsink import table as delta_table
-from mvsink.layout import TABLE, error_messages
+from mvsink.target.layout import TABLE, error_messages
 from mvsink.timeline import Entry
 from mvsink.view import ConfigError
 

@@ -18,7 +18,7 @@ Each :meth:`MaterializedView.step` (one trigger, e.g. one ``foreachBatch`` call)
 4. mint a description `[lower, upper)` if allowed (not read-only, desired ahead of the table, the
    table advanced since the last description);
 5. write: stage the corrections below `upper` as Parquet files (none if there are none). In the
-   table layout (:mod:`mvsink.layout`) `upper` is first cut to the next time at which the buffer
+   table layout (:mod:`mvsink.target.layout`) `upper` is first cut to the next time at which the buffer
    changes the view (:meth:`MaterializedView._cap`), added rows and error updates are staged
    apart, and retractions rewrite the files that hold them (:mod:`mvsink.write.rewrite`). In
    the update layout the batch also holds the pending undos of foreign commits below `lower` at
@@ -53,9 +53,11 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from mvsink import layout, storage
-from mvsink.append import (META_HISTORY, META_READBACK, REASON_CORRECTION, REASON_PROGRESS,
-                           REASON_REPAIR, Shard, compare_and_append)
+from mvsink import storage
+from mvsink.target import layout
+from mvsink.append import Shard, compare_and_append
+from mvsink.target.commit_info import (META_HISTORY, META_READBACK, REASON_CORRECTION, REASON_PROGRESS,
+                                       REASON_REPAIR)
 from mvsink.append.fence import Fence, Fenced
 from mvsink.append.retention import Retention, Upkeep
 from mvsink.cleanup import clean_orphans
@@ -66,12 +68,12 @@ from mvsink.desired.changes import Changes
 from mvsink.desired.choose import desired_for
 from mvsink.desired.hydration import Hydration
 from mvsink.desired.key_check import KeyErrors, KeyRanges, touched_keys, unique_keys, unique_keys_by_shuffle
-from mvsink.layout import META_ERRORS, TABLE
+from mvsink.target.layout import META_ERRORS, TABLE
 from mvsink.metrics import ViewMetrics
 from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
 from mvsink.table import latest_version
-from mvsink.target import create_target, validate_target
+from mvsink.target.create import create_target, validate_target
 from mvsink.timeline import (REASON_REPAIR_TIME, REASON_SOURCES, Timeline, TimeWentBackwards)
 from mvsink.updates import RESERVED, TIME, advance_times, consolidate, negate
 from mvsink.view import ConfigError, ViewDefinition
@@ -376,7 +378,7 @@ class MaterializedView:
     def _cap(self, desc: Description | None) -> Description | None:
         """In the table layout, ``desc`` ending at the first time after its lower at which the
         buffer changes the view: a commit makes the table the view at every time it covers
-        (:mod:`mvsink.layout`), so it covers no time at which the view changes but its lower."""
+        (:mod:`mvsink.target.layout`), so it covers no time at which the view changes but its lower."""
         if desc is None or self.layout != TABLE or desc.upper - desc.lower == 1 or self.correction.size == 0:
             return desc
         with self._profile.phase("mint"):

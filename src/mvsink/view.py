@@ -139,7 +139,7 @@ class ViewDefinition:
     #: How much history the table keeps: a duration (``1h``), a number of times, or ``all``;
     #: None: the default (:mod:`mvsink.append.retention`).
     retain_history: str | int | None = None
-    #: The target's layout (:mod:`mvsink.layout`): ``table`` or ``updates``; None: the existing
+    #: The target's layout (:mod:`mvsink.target.layout`): ``table`` or ``updates``; None: the existing
     #: target's, ``table`` for a new one.
     layout: str | None = None
 
@@ -149,7 +149,7 @@ class ViewDefinition:
         if not isinstance(self.as_of, int) or self.as_of < 0:
             raise ConfigError(f"as_of must be a non-negative integer, not {self.as_of!r}")
         from mvsink.append.retention import Retention  # the append package imports this module
-        from mvsink.layout import LAYOUTS
+        from mvsink.target.layout import LAYOUTS
 
         if self.layout is not None and self.layout not in LAYOUTS:
             raise ConfigError(f"view {self.view_id!r}: layout must be one of {list(LAYOUTS)}, not {self.layout!r}")

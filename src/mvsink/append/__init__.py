@@ -2,7 +2,7 @@
 
 The view's *upper* is the version of the Delta application transaction (``txn`` action) whose
 appId is the view's (:attr:`ViewDefinition.app_id`); a table without it has upper 0. Every
-snapshot a shard loads to commit on is checked by :mod:`mvsink.append.guard` (features the commit
+snapshot a shard loads to commit on is checked by :mod:`mvsink.target.guard` (features the commit
 path cannot take are refused), and every upper it reads must not be below one it has seen. A batch for
 `[lower, upper)` is one Delta commit that adds the staged files and sets the txn to `upper`, made
 only if the txn is `lower` in the snapshot the commit is based on.
@@ -27,7 +27,7 @@ Outcomes:
   snapshot the commit is based on; delta-rs does not fail an append whose removed files a
   concurrent commit removed too, so a foreign rewrite landing between that check and the commit
   slips through, like any foreign commit landing after the read-back: that version holds the
-  foreign change too, is no version of the view (:func:`mvsink.read.version_of_time`), and the
+  foreign change too, is no version of the view (:func:`mvsink.target.read.version_of_time`), and the
   read-back finds the drift for the next commit to repair.
 
 Every commit records in its commit info: view, replica, lower, upper, why it was made, which
@@ -65,37 +65,14 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 
 from mvsink import failpoints, storage, table as delta_table
 from mvsink.append.fence import Fence, fence_property
-from mvsink.append.guard import UpperHistory, check_supported
+from mvsink.target.commit_info import (META_VIEW, META_REPLICA, META_LOWER, META_UPPER, META_REASON,
+                                       META_REPAIRS, META_COMMIT, META_SINCE, META_DEFINITION,
+                                       REASON_ADVANCE_UPPER, REASON_FENCE)
+from mvsink.target.guard import UpperHistory, check_supported
 from mvsink.mint import Description
 from mvsink.write import StagedBatch
 
 log = logging.getLogger(__name__)
-
-#: Commit-info keys, all prefixed so they cannot clash with Delta's own.
-META_VIEW = "mvsink.view"
-META_REPLICA = "mvsink.replica"
-META_LOWER = "mvsink.lower"
-META_UPPER = "mvsink.upper"
-META_REASON = "mvsink.reason"
-META_REPAIRS = "mvsink.repairs"
-META_COMMIT = "mvsink.commit"
-#: Set by compactions only: the view's since from that commit on.
-META_SINCE = "mvsink.since"
-#: Set by appends: the table version the replica had read back; foreign commits up to it are
-#: accounted for by this commit (see :mod:`mvsink.correction.readback`). Set by the table
-#: layout's compactions too: the version whose files they rearranged.
-META_READBACK = "mvsink.readback"
-#: Set by repairs: how many updates the commit wrote below its lower, restoring history.
-META_HISTORY = "mvsink.history_updates"
-#: The definition id of the committing replica's view (:mod:`mvsink.definition`).
-META_DEFINITION = "mvsink.definition"
-
-REASON_CORRECTION = "correction"
-REASON_REPAIR = "repair"
-REASON_PROGRESS = "progress"
-REASON_ADVANCE_UPPER = "advance-upper"
-REASON_COMPACTION = "compaction"
-REASON_FENCE = "fence"
 
 _MAX_FOREIGN_CONFLICTS = 20
 

@@ -8,7 +8,7 @@ history. Advancing times below `c` to `c` leaves the contents at every time >= `
 Invariants:
 
 * The contents at every time >= `c` are unchanged; only the times below `c` are given up, and the
-  since recorded is `s` (``mvsink.since`` in the commit info, read by :func:`mvsink.read.since_of`).
+  since recorded is `s` (``mvsink.since`` in the commit info, read by :func:`mvsink.target.read.since_of`).
 * The since never goes back: a compaction to an `s` not above the current since commits nothing,
   and so does one of a view that has written nothing yet.
 * Only files holding a time below `c` by their statistics (or without statistics, such as foreign
@@ -28,7 +28,7 @@ Invariants:
   sum to the same diff and differ only at times up to `c` < upper, so they cancel once advanced to
   the persist frontier (at least the upper).
 
-In the table layout (:mod:`mvsink.layout`) there is no since to move: the table holds the view's
+In the table layout (:mod:`mvsink.target.layout`) there is no since to move: the table holds the view's
 rows, and its history is Delta's versions. :func:`compact_files` rewrites the data files smaller
 than :data:`SMALL_FILE_BYTES` into about one file per :data:`_FILE_BYTES` (the same rows, every
 action ``dataChange = false``) and folds the view's error files into one (the same consolidated
@@ -54,11 +54,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.append import META_READBACK, REASON_COMPACTION, Shard, holds
-from mvsink.layout import META_ERRORS
+from mvsink.append import Shard, holds
+
+from mvsink.target.commit_info import META_READBACK, REASON_COMPACTION
+from mvsink.target.layout import META_ERRORS
 from mvsink.table import file_uri, latest_version
 from mvsink.mint import Description
-from mvsink.read import since_of
+from mvsink.target.read import since_of
 from mvsink.updates import DIFF, ERROR, RESERVED, TIME, advance_times, consolidate, normalize
 from mvsink.write import StagedBatch, stage
 

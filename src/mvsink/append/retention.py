@@ -1,6 +1,6 @@
 """Retention: how much of a view's history its table keeps, and the upkeep that holds it there.
 
-In the table layout (:mod:`mvsink.layout`) the table's history is Delta's own versions, kept as
+In the table layout (:mod:`mvsink.target.layout`) the table's history is Delta's own versions, kept as
 Delta's log and ``VACUUM`` retention keep them; there the compaction rewrites small files into
 fewer (:func:`~mvsink.append.compact.compact_files`) once the table holds more than
 :data:`COMPACT_SMALL_FILES` small data files or error files, so that a reader opens about as many
@@ -36,7 +36,7 @@ from deltalake import DeltaTable
 
 from mvsink import storage
 from mvsink.append.compact import compact, compact_files, small_files
-from mvsink.layout import TABLE
+from mvsink.target.layout import TABLE
 from mvsink.view import ConfigError
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ foreign commit, which is how a repair restores the view's history and not only i
 (``mvsink.readback``): every foreign commit up to that version is accounted for by it, in its
 history or at its lower, so no other replica repairs it again.
 
-In the table layout (:mod:`mvsink.layout`) a data file's rows are ok rows at diff +1, and the
+In the table layout (:mod:`mvsink.target.layout`) a data file's rows are ok rows at diff +1, and the
 view's error files (listed by its newest commit, ``mvsink.errors``) count as files of the table:
 a commit that lists a new one adds its error updates. A foreign commit's undo is not read there:
 Delta's versions are the history, and a repair is the next commit.
@@ -39,9 +39,10 @@ from pyspark.sql import types as T
 
 from mvsink import storage
 from mvsink.table import CONTENT_PRESERVING, file_uri, latest_version, log_actions
-from mvsink.append import META_COMMIT, META_READBACK, META_VIEW, Shard
-from mvsink.append.guard import UpperWentBackwards
-from mvsink.layout import TABLE, error_files
+from mvsink.append import Shard
+from mvsink.target.commit_info import META_COMMIT, META_READBACK, META_VIEW
+from mvsink.target.guard import UpperWentBackwards
+from mvsink.target.layout import TABLE, error_files
 from mvsink.updates import negate, normalize
 
 log = logging.getLogger(__name__)

@@ -3,14 +3,14 @@
 Explain shows each view in dependency order (where it is defined, its level, key, target, what it
 reads) and the graph as a Mermaid flowchart; it loads the pipeline as a job would, so it is also
 the check that the pipeline would start. Status reads each view's table and the timeline alone
-(:func:`mvsink.status.table_status`, no Spark), a view not written yet said so.
+(:func:`mvsink.target.status.table_status`, no Spark), a view not written yet said so.
 """
 
 from __future__ import annotations
 
 from mvsink.pipeline import Pipeline
 from mvsink.pipeline.config import PipelineConfig
-from mvsink.status import table_status
+from mvsink.target.status import table_status
 from mvsink.view import ConfigError
 
 

@@ -31,10 +31,10 @@ import json
 import logging
 import sys
 
-from mvsink.read import NotReadable, newest_view, plain_sql, version_of_time
+from mvsink.target.read import NotReadable, newest_view, plain_sql, version_of_time
 from mvsink.replica.controller import Controller, ControllerError, cutover
 from mvsink.replica.protocol import PlanResponse
-from mvsink.status import table_status
+from mvsink.target.status import table_status
 from mvsink.view import ConfigError, normalize_path, spec_from_yaml, view_from_spec
 
 log = logging.getLogger("mvsink.cli")

@@ -31,7 +31,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink.table import latest_version
-from mvsink.read import NotReadable, view_contents, view_since, view_upper
+from mvsink.target.read import NotReadable, view_contents, view_since, view_upper
 from mvsink.updates import CLOSED, ERROR, RESERVED
 
 #: Spark's LIMIT and OFFSET are 32-bit.

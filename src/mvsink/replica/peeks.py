@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
-from mvsink.read import view_upper
+from mvsink.target.read import view_upper
 from mvsink.replica.peek import PeekError, PeekNotReady, PeekRequest, run_peek
 from mvsink.replica.protocol import PEEK_CANCELED, PEEK_ERROR, Peek, PeekResponse
 

@@ -1,6 +1,6 @@
 """`plain`: stages a table-layout batch: the files that make the table the view at the batch's upper.
 
-A batch of the table layout (:mod:`mvsink.layout`) holds ok updates (rows with their diffs) and
+A batch of the table layout (:mod:`mvsink.target.layout`) holds ok updates (rows with their diffs) and
 error updates. Staged, nothing committed:
 
 * a retraction (diff `-k`) as rewrites of the files holding `k` copies of the row

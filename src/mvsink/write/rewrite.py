@@ -1,6 +1,6 @@
 """`rewrite`: a table-layout batch's retractions, as rewrites of the files that hold them.
 
-In the table layout (:mod:`mvsink.layout`) the table holds the view's rows, so a retraction (an ok
+In the table layout (:mod:`mvsink.target.layout`) the table holds the view's rows, so a retraction (an ok
 row with diff `-k`) takes `k` copies of the row out of the table: copy-on-write of the files that
 hold them. The files searched are the table's files as the read-back last saw them, the files the
 correction buffer was computed against; the commit that removes them is only made on a snapshot

@@ -1,6 +1,6 @@
 """Reading a view: its contents at a time, its upper and since.
 
-In the table layout (:mod:`mvsink.layout`) the view at time `t` is the table at the version that
+In the table layout (:mod:`mvsink.target.layout`) the view at time `t` is the table at the version that
 holds `t` (:func:`version_of_time`): the view's commit whose `[lower, upper)` covers `t`, read with
 Delta time travel; its errors are the error files that commit lists. In the update layout:
 
@@ -19,9 +19,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from mvsink import storage
-from mvsink.append import (META_LOWER, META_READBACK, META_REASON, META_SINCE, META_UPPER, META_VIEW,
-                           REASON_ADVANCE_UPPER, REASON_COMPACTION, Shard)
-from mvsink.layout import TABLE, error_files, layout_of
+from mvsink.append import Shard
+from mvsink.target.commit_info import (META_LOWER, META_READBACK, META_REASON, META_SINCE, META_UPPER,
+                                       META_VIEW, REASON_ADVANCE_UPPER, REASON_COMPACTION)
+from mvsink.target.layout import TABLE, error_files, layout_of
 from mvsink.table import CONTENT_PRESERVING, commit_info, file_uri, latest_version, spark_uri
 from mvsink.updates import CLOSED, DIFF, ERROR, RESERVED, TIME, contents_at, normalize
 

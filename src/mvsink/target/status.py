@@ -14,12 +14,13 @@ view, or a view id the table does not know, is a :class:`~mvsink.view.ConfigErro
 
 from __future__ import annotations
 
-from mvsink.append import META_DEFINITION, META_LOWER, META_REASON, META_REPAIRS, META_REPLICA, META_UPPER, META_VIEW
+from mvsink.target.commit_info import (META_DEFINITION, META_LOWER, META_REASON, META_REPAIRS, META_REPLICA,
+                                       META_UPPER, META_VIEW)
 from mvsink.append.fence import fence_of
 from mvsink.check import table_at
-from mvsink.layout import TABLE, error_files, error_messages, layout_of
+from mvsink.target.layout import TABLE, error_files, error_messages, layout_of
 from mvsink.metrics import source_lag
-from mvsink.read import newest_first, since_of, view_upper
+from mvsink.target.read import newest_first, since_of, view_upper
 from mvsink.table import latest_version
 from mvsink.timeline import Timeline
 from mvsink.view import ConfigError

@@ -1,6 +1,6 @@
 """The target table: created on a view's first write, checked against the view at every start.
 
-The table is created by delta-rs in the view's layout (:mod:`mvsink.layout`: the view's columns,
+The table is created by delta-rs in the view's layout (:mod:`mvsink.target.layout`: the view's columns,
 or its updates' columns), recorded in its ``mvsink.layout`` property, and no partitioning. A replica that finds the table already there (another replica made it, or an
 older run) checks that its columns and types are the view's; a mismatch stops the replica before
 it writes anything.
@@ -16,7 +16,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink import storage
-from mvsink.layout import LAYOUT_PROPERTY, TABLE, stored_schema
+from mvsink.target.layout import LAYOUT_PROPERTY, TABLE, stored_schema
 from mvsink.table import latest_version, spark_uri
 from mvsink.view import ConfigError, ViewDefinition
 from mvsink.append.fence import initial_properties

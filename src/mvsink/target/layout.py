@@ -8,7 +8,7 @@ property ``mvsink.layout``:
   at its latest time. Every mvsink commit of the view for `[lower, upper)` makes the table the
   view at every time in `[lower, upper)` (a batch never spans a time at which the view changes:
   :meth:`mvsink.sink.MaterializedView._cap`), so Delta time travel to that version reads the view
-  at those times (:func:`mvsink.read.version_of_time`). A retraction rewrites the files that held
+  at those times (:func:`mvsink.target.read.version_of_time`). A retraction rewrites the files that held
   the row (:mod:`mvsink.write.rewrite`). Error updates (rows the view could not compute, key
   violations) never enter the rows: they are staged under ``_mv_errors/`` in the table directory
   (hidden from Delta readers and VACUUM) and every mvsink commit of the view lists the error files
@@ -19,7 +19,7 @@ property ``mvsink.layout``:
 * ``updates``: the table holds updates (the view's columns, ``_mv_error``, ``_mv_time``,
   ``_mv_diff``); the view at time `t` is their consolidation up to `t` (:mod:`mvsink.updates`). It
   keeps every time's contents in the latest version, and a repair rewrites history at every time.
-  Readers need mvsink's SQL (:func:`mvsink.read.plain_sql`). Tables made before layouts existed
+  Readers need mvsink's SQL (:func:`mvsink.target.read.plain_sql`). Tables made before layouts existed
   have no property and the ``_mv_diff`` column: they are this layout.
 
 A view that names no layout takes its target's, or ``table`` for a new one; one that names a
