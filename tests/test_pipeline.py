@@ -5,12 +5,14 @@ Bad input is refused at load, each with its own clear error naming the file and 
 written; a pipeline of six views, two levels of views over views, run in one session over
 TPC-H-like tables changed at random, is at every committed version and time equal to DuckDB's
 computation from the sources at that time's versions, and its views read at one time agree; so is
-one with Python views over SQL views and SQL views over Python views; a Python view's definition
-id follows its function's code and that of the views it reads."""
+one with Python views over SQL views and SQL views over Python views, in this session and as a
+job process; a Python view's definition id follows its function's code and that of the views it
+reads."""
 
 from __future__ import annotations
 
 import random
+import signal
 from collections import Counter
 
 import pytest
@@ -19,9 +21,9 @@ from pyspark.sql import types as T
 
 from pipeline_tpch import (MIXED_VIEWS, PYTHON, TABLES, VIEWS, Independent, random_commit, view_rows_at, views_agree,
                            write_pipeline)
-from helpers import create_source
+from helpers import Replica, create_source, wait_for
 from mvsink import MaterializedView
-from mvsink.check import check_table
+from mvsink.check import caught_up, check_table
 from mvsink.definition import definition_id
 from mvsink.pipeline import PipelineError, load_pipeline
 from mvsink.pipeline.parse import parse_file
@@ -191,6 +193,33 @@ def test_python_views_over_sql_views_and_sql_views_over_python_views_are_exact_a
     explained = capsys.readouterr().out
     assert f"view big_share ({tmp_path}/py/big.py:13): level 4, key (n_name)" in explained
     assert "view_big_customers --> view_big_by_nation" in explained
+
+
+def test_a_job_process_runs_python_views_found_again_by_their_files(spark, tmp_path):
+    """``mvsink_job.py --pipeline`` loads the Python files itself and runs each Python view from its
+    spec (``path.py:function``): every view exact at every time after two source commits."""
+    rng = random.Random(2728)
+    sources = write_pipeline(spark, tmp_path, python=True)
+    (tmp_path / "logs").mkdir()
+    config = load_pipeline(spark, tmp_path).config
+    replica = Replica(None, "job", tmp_path / "logs", "--pipeline", str(tmp_path)).start()
+
+    def all_caught_up() -> bool:
+        return all(caught_up(config.targets[v], v, config.timeline) for v in MIXED_VIEWS)
+
+    try:
+        wait_for(all_caught_up, timeout=600, what="every view's first commit", watch=(replica,))
+        next_key = [100]
+        for n in range(2):
+            random_commit(spark, sources, rng, n, next_key)
+        wait_for(all_caught_up, timeout=600, what="every view to catch up", watch=(replica,))
+    finally:
+        replica.kill(signal.SIGTERM)
+    independent = Independent(tmp_path, sources, config.timeline, MIXED_VIEWS)
+    for view, columns in MIXED_VIEWS.items():
+        result = check_table(config.targets[view], view, columns, independent.expected(view))
+        assert result.ok, (view, result.problems[:3])
+        assert result.times_checked >= 2, view
 
 
 def test_a_python_view_s_definition_follows_its_code_and_the_views_it_reads(spark, tmp_path):
