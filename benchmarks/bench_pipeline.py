@@ -82,8 +82,8 @@ SCHEMAS = {
 
 def append(path: str, table: str, rows: list[tuple]) -> None:
     columns = list(zip(*rows))
-    write_deltalake(path, pa.table({name: pa.array(list(col), type=t) for (name, t), col in zip(SCHEMAS[table], columns)}),
-                    mode="append")
+    arrays = {name: pa.array(list(col), type=t) for (name, t), col in zip(SCHEMAS[table], columns)}
+    write_deltalake(path, pa.table(arrays), mode="append")
 
 
 def new_orders(rng: random.Random, first: int, count: int, customers: int) -> tuple[list[tuple], list[tuple]]:
@@ -132,8 +132,8 @@ def write_pipeline(folder: Path, data: Path, trigger: float) -> None:
 def view_specs(folder: Path) -> list[dict]:
     """The pipeline's view specifications, by mvsink's own loader (in a process of its own: a JVM)."""
     code = ("import json, sys; from mvsink.spark import spark_session; from mvsink.pipeline import load_pipeline; "
-            "s = spark_session('bench-specs'); print('SPECS' + json.dumps(load_pipeline(s, sys.argv[1]).view_specs())); "
-            "s.stop()")
+            "s = spark_session('bench-specs'); "
+            "print('SPECS' + json.dumps(load_pipeline(s, sys.argv[1]).view_specs())); s.stop()")
     out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, check=True).stdout
     return json.loads(next(line for line in out.splitlines() if line.startswith("SPECS"))[5:])
 

@@ -82,11 +82,13 @@ BAD = {
                              "p.py:3: view v: its function returned int, not a DataFrame"),
     "python: does not import": ({"p.py": PY + "import no_such_module_27\n"},
                                 "p.py:3: cannot import it: ModuleNotFoundError: No module named 'no_such_module_27'"),
-    "python: syntax error": ({"p.py": PY + "def v(orders:\n    return orders\n"}, "p.py:3: cannot import it: SyntaxError"),
+    "python: syntax error": ({"p.py": PY + "def v(orders:\n    return orders\n"},
+                             "p.py:3: cannot import it: SyntaxError"),
     "python: function fails": ({"p.py": PY + "@materialized_view()\ndef v(orders):\n    x = 1\n"
                                          "    return orders.select('nope')\n"},
                                "p.py:6: view v: its function fails over the sources' current rows: AnalysisException"),
-    "python: key not produced": ({"p.py": PY + "@materialized_view(key=('total',))\ndef v(orders):\n    return orders\n"},
+    "python: key not produced": ({"p.py": PY + "@materialized_view(key=('total',))\n"
+                                           "def v(orders):\n    return orders\n"},
                                  "p.py:3: view v: KEY column(s) total not produced by its function"),
     "python: **kwargs": ({"p.py": PY + "@materialized_view()\ndef v(**tables):\n    return tables['orders']\n"},
                          "p.py:3: view v: parameter **tables cannot name a source or view"),

@@ -325,9 +325,8 @@ def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None
             raise ConfigError(f"{where}: input views must be a list of {{name, query or sql}}, not {views!r}")
         view_input = SnapshotInput(source=None if sources else source, query=query,
                                    sql=input_spec.get("sql"), refresh=input_spec.get("refresh", "auto"),
-                                   views=tuple(ViewQuery(v["name"], sql=v.get("sql"),
-                                                         query=resolve_function(v["query"], base) if "query" in v else None)
-                                               for v in views))
+                                   views=tuple(ViewQuery(v["name"], sql=v.get("sql"), query=resolve_function(
+                                       v["query"], base) if "query" in v else None) for v in views))
     key = spec.get("key") or ()
     if isinstance(key, str):
         key = (key,)
