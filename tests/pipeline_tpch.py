@@ -1,6 +1,9 @@
 """A pipeline of six views, two levels of views over views, over small TPC-H-like tables, shared
 by the pipeline tests: the folder, random source commits, and the independent computation
-(DuckDB over the sources read with delta-rs at the versions a time stands for)."""
+(DuckDB over the sources read with delta-rs at the versions a time stands for). With
+``python=True`` three more views mix Python and SQL: a Python view over a SQL view and a source,
+a SQL view over it, a Python view over that one and a SQL view; DuckDB computes each of them from
+SQL written here, not from the functions."""
 
 from __future__ import annotations
 
@@ -48,6 +51,38 @@ WITH per_customer AS (SELECT n_name, revenue FROM customer_revenue)
 SELECT n_name, sum(revenue) AS revenue, count(*) AS customers FROM per_customer GROUP BY n_name;
 """
 
+PYTHON = """from pyspark.sql import functions as F
+
+from mvsink.pipeline import materialized_view
+
+
+@materialized_view(name="big_customers", key=("c_custkey",))
+def big_customers(customer_revenue, customer):  # a Python view over a SQL view and a source
+    return (customer_revenue.where(F.col("revenue") >= 150)
+            .join(customer.select("c_custkey", "c_nationkey"), "c_custkey")
+            .select("c_custkey", "n_name", "revenue", "c_nationkey"))
+
+
+@materialized_view(key="n_name")
+def big_share(big_by_nation, customer_nation):  # a Python view over a SQL view over a Python view
+    everyone = customer_nation.groupBy("n_name").agg(F.count(F.lit(1)).alias("all_customers"))
+    return big_by_nation.join(everyone, "n_name").select("n_name", "customers", "all_customers")
+"""
+
+PLATINUM = """-- a SQL view over a Python view
+CREATE MATERIALIZED VIEW big_by_nation KEY (n_name) AS
+SELECT n_name, count(*) AS customers, sum(revenue) AS revenue FROM big_customers GROUP BY n_name
+"""
+
+#: The Python views' rows, in SQL for DuckDB.
+PYTHON_IN_SQL = {
+    "big_customers": "SELECT cr.c_custkey, cr.n_name, cr.revenue, c.c_nationkey FROM customer_revenue cr "
+                     "JOIN customer c ON cr.c_custkey = c.c_custkey WHERE cr.revenue >= 150",
+    "big_share": "SELECT b.n_name, b.customers, e.all_customers FROM big_by_nation b JOIN "
+                 "(SELECT n_name, count(*) AS all_customers FROM customer_nation GROUP BY n_name) e "
+                 "ON b.n_name = e.n_name",
+}
+
 #: view -> its columns, in dependency order.
 VIEWS = {
     "order_lines": ["l_orderkey", "l_linenumber", "o_custkey", "l_quantity", "l_extendedprice", "l_returnflag"],
@@ -58,8 +93,16 @@ VIEWS = {
     "nation_revenue": ["n_name", "revenue", "customers"],
 }
 
+#: The same with the Python views and the SQL view between them.
+MIXED_VIEWS = {
+    **VIEWS,
+    "big_customers": ["c_custkey", "n_name", "revenue", "c_nationkey"],
+    "big_by_nation": ["n_name", "customers", "revenue"],
+    "big_share": ["n_name", "customers", "all_customers"],
+}
 
-def write_pipeline(spark, root: Path, *, gold: str = GOLD) -> dict[str, str]:
+
+def write_pipeline(spark, root: Path, *, gold: str = GOLD, python: bool = False) -> dict[str, str]:
     """The sources (created, with a few rows) and the pipeline folder at ``root``; the sources' paths."""
     sources = {name: str(root / "data" / name) for name in TABLES}
     create_source(spark, sources["nation"], [(0, "NL"), (1, "FR"), (2, "DE")], TABLES["nation"])
@@ -71,6 +114,10 @@ def write_pipeline(spark, root: Path, *, gold: str = GOLD) -> dict[str, str]:
     (root / "sql").mkdir(parents=True, exist_ok=True)
     (root / "sql" / "silver.sql").write_text(SILVER)
     (root / "sql" / "gold.sql").write_text(gold)
+    if python:
+        (root / "sql" / "platinum.sql").write_text(PLATINUM)
+        (root / "py").mkdir(exist_ok=True)
+        (root / "py" / "big.py").write_text(PYTHON)
     (root / "pipeline.yaml").write_text(
         "sources: {" + ", ".join(f"{n}: data/{n}" for n in TABLES) + "}\n"
         "targets: views\ntimeline: views/_timeline\ndefaults: {trigger_seconds: 0.5}\n")
@@ -108,17 +155,19 @@ class Independent:
     versions (read with delta-rs), the views before it created as DuckDB views from the same SQL
     files (only the statements' headers are cut off, by a regex, not by mvsink)."""
 
-    def __init__(self, root: Path, sources: dict[str, str], timeline: str):
+    def __init__(self, root: Path, sources: dict[str, str], timeline: str, views: dict[str, list[str]] = VIEWS):
         import re
 
         self.sources = sources
+        self.views = views
         self.timeline = TimelineReader(timeline)
-        text = "\n".join(p.read_text() for p in sorted((root / "sql").glob("*.sql")))
+        text = ";\n".join(p.read_text() for p in sorted((root / "sql").glob("*.sql")))
         text = re.sub(r"/\*.*?\*/|--[^\n]*", "", text, flags=re.S)
         self.queries = {}
         for statement in filter(str.strip, text.split(";")):
             found = re.match(r"\s*CREATE MATERIALIZED VIEW (\w+)(?: KEY \([^)]*\))? AS(.*)", statement, re.S | re.I)
             self.queries[found.group(1)] = found.group(2)
+        self.queries.update(PYTHON_IN_SQL)
         self._cache: dict[tuple, dict[str, Counter]] = {}
 
     def at(self, t: int) -> dict[str, Counter]:
@@ -130,9 +179,9 @@ class Independent:
                 db.register(f"{name}_arrow", table_at(path, versions[name]).to_pyarrow_table())
                 db.execute(f"CREATE VIEW {name} AS SELECT * FROM {name}_arrow")
             result = {}
-            for view in VIEWS:
+            for view, columns in self.views.items():
                 db.execute(f"CREATE VIEW {view} AS {self.queries[view]}")
-                result[view] = Counter(db.execute(f"SELECT {', '.join(VIEWS[view])} FROM {view}").fetchall())
+                result[view] = Counter(db.execute(f"SELECT {', '.join(columns)} FROM {view}").fetchall())
             self._cache[key] = result
         return self._cache[key]
 
@@ -142,8 +191,9 @@ class Independent:
 
 def view_rows_at(target: str, view: str, t: int) -> Counter:
     """The view's rows at ``t``, as a Delta reader sees them at the version that holds ``t``."""
-    data = table_at(target, version_of_time(target, view, t)).to_pyarrow_table(columns=VIEWS[view])
-    return Counter(zip(*(data.column(c).to_pylist() for c in VIEWS[view])))
+    columns = MIXED_VIEWS[view]
+    data = table_at(target, version_of_time(target, view, t)).to_pyarrow_table(columns=columns)
+    return Counter(zip(*(data.column(c).to_pylist() for c in columns)))
 
 
 def views_agree(targets: dict[str, str], t: int) -> None:

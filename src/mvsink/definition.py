@@ -15,6 +15,8 @@ document of exactly these parts (:func:`definition_parts`):
     (on its ``def`` line) makes a new definition; moving it to another module does not;
   - the input's one ``source`` path (where it has one) and a changes view's declared
     ``output_schema``;
+  - where a snapshot query reads views (a pipeline's views over views), each view's name and its
+    SQL text or function, as above: a change to a view the query reads is a new definition;
 * ``sources``: the view's sources, name -> table path;
 * ``key``: the key columns, in order;
 * ``schema``: the table schema the view writes, as Spark resolves its output (column names, order
@@ -69,6 +71,9 @@ def definition_parts(view: ViewDefinition, schema: T.StructType) -> dict[str, An
     else:
         view_input = {"kind": "snapshot", "source": source.source, "sql": source.sql,
                       "query": function_code(source.query) if source.query else None}
+        if source.views:  # absent otherwise: the ids of views reading no view stay as they were
+            view_input["views"] = [{"name": v.name, "sql": v.sql,
+                                    "query": function_code(v.query) if v.query else None} for v in source.views]
     return {
         "input": view_input,
         "sources": dict(sorted(view.sources.items())),

@@ -12,7 +12,9 @@ both deterministic across replicas (same sources, same times, same rows):
   text (the sources registered under their names) or a Python function given, as DataFrames by
   name, the sources its signature names (all of them if it takes ``**kwargs``; for a view with one
   unnamed source, the source DataFrame alone). A view
-  over snapshots changes only where consecutive results differ (a keyed anti-join).
+  over snapshots changes only where consecutive results differ (a keyed anti-join). The query may
+  also read ``views`` (:class:`ViewQuery`, a pipeline's views over views): each computed first,
+  in order, over the same sources at the same time and the views before it, and read by its name.
 
 A view definition can also be loaded from YAML (see README), functions named as
 ``module:function``.
@@ -55,6 +57,20 @@ class ChangesInput:
 
 
 @dataclass(frozen=True)
+class ViewQuery:
+    """A view a snapshot query reads by name: ``sql`` text or a ``query`` function over the
+    sources and the views before it (by name, as a snapshot input's query)."""
+
+    name: str
+    sql: str | None = None
+    query: Callable[..., DataFrame] | None = None
+
+    def __post_init__(self):
+        if (self.query is None) == (self.sql is None):
+            raise ConfigError(f"view {self.name!r} read by a query: give exactly one of query and sql")
+
+
+@dataclass(frozen=True)
 class SnapshotInput:
     """A query over the sources read at each time's versions: ``sql`` text over the sources by
     name, or ``query``, a function given them as DataFrames by name; with ``source`` (one table,
@@ -66,6 +82,8 @@ class SnapshotInput:
     #: How its changes are computed (:mod:`mvsink.desired.refresh`): ``auto``, ``incremental``
     #: (a query that cannot be maintained from its sources' changes is refused) or ``full``.
     refresh: str = "auto"
+    #: The views the query reads, in dependency order (see the module doc).
+    views: tuple[ViewQuery, ...] = ()
 
     def __post_init__(self):
         if (self.query is None) == (self.sql is None):
@@ -226,8 +244,8 @@ def spec_from_yaml(path: str | os.PathLike) -> dict:
 
     A specification is plain data (it travels in ``CreateDataflow``): view_id, target, key, as_of,
     sources (name: path), timeline (a path), retain_history, layout, input (kind, source, map_row, output_schema, query or
-    sql; functions as ``module:function``), and ``base_dir``, the directory functions and relative
-    paths are resolved against.
+    sql, and views: a list of {name, query or sql}; functions as ``module:function``), and
+    ``base_dir``, the directory functions and relative paths are resolved against.
     """
     path = Path(path)
     raw = yaml_mapping(path, _SETTINGS)
@@ -301,8 +319,14 @@ def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None
         if source is None and not sources:
             raise ConfigError(f"{where}: a snapshot input needs sources (name: path) or source")
         query = resolve_function(input_spec["query"], base) if "query" in input_spec else None
+        views = input_spec.get("views") or []
+        if not isinstance(views, list) or not all(isinstance(v, dict) and set(v) in ({"name", "sql"}, {"name", "query"})
+                                                  for v in views):
+            raise ConfigError(f"{where}: input views must be a list of {{name, query or sql}}, not {views!r}")
         view_input = SnapshotInput(source=None if sources else source, query=query,
-                                   sql=input_spec.get("sql"), refresh=input_spec.get("refresh", "auto"))
+                                   sql=input_spec.get("sql"), refresh=input_spec.get("refresh", "auto"),
+                                   views=tuple(ViewQuery(v["name"], sql=v.get("sql"), query=resolve_function(
+                                       v["query"], base) if "query" in v else None) for v in views))
     key = spec.get("key") or ()
     if isinstance(key, str):
         key = (key,)

@@ -15,7 +15,9 @@ kept in Spark (a local checkpoint, which spills to disk), never on the driver. A
 aggregate view whose source's changes cannot be read for a range (a version without change data feed
 that has deletion vectors, files gone) is evaluated that way too, from the result before the range.
 SQL runs in a session of the view's own, where the sources are registered under their names, so
-views never see each other's sources.
+views never see each other's sources. A query reading ``views`` (a pipeline's views over views) is
+given them computed first over the same sources' rows (:func:`with_views`): it stays one query over
+the sources at each time, whatever the views are (SQL or Python functions).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_t
 from mvsink.desired.sources import Desired
 from mvsink.timeline import Timeline
 from mvsink.updates import DIFF, ERROR, TIME
-from mvsink.view import ConfigError, SnapshotInput, ViewDefinition, sources_named
+from mvsink.view import ConfigError, SnapshotInput, ViewDefinition, ViewQuery, sources_named
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,8 @@ class SnapshotDesired(Desired):
         """The query over ``sources`` (name -> rows, in :meth:`_session`)."""
         where = f"view {self.view.view_id!r}"
         try:
+            if self.input.views:
+                sources = with_views(sources, self.input.views)
             if self.input.sql is not None:
                 for name, rows in sources.items():
                     rows.createOrReplaceTempView(name)
@@ -382,6 +386,31 @@ class SnapshotDesired(Desired):
         if self.row_wise or self.aggregate is not None or self.join:  # back to the sources' changes next time
             self._previous = self._previous_time = None
         return updates
+
+
+def with_views(rows: dict[str, DataFrame], views: tuple[ViewQuery, ...]) -> dict[str, DataFrame]:
+    """``rows`` and each of ``views`` computed in order over them and the views before it."""
+    rows = dict(rows)
+    for view in views:
+        if view.sql is not None:
+            rows[view.name] = _sql_over(rows, view.name, view.sql)
+            continue
+        result = view.query(**sources_named(view.query, rows))
+        if not isinstance(result, DataFrame):
+            raise ConfigError(f"the function of view {view.name!r} returned {type(result).__name__}, not a DataFrame")
+        rows[view.name] = result
+    return rows
+
+
+def _sql_over(rows: dict[str, DataFrame], name: str, sql: str) -> DataFrame:
+    """``sql`` over ``rows`` by their names, in their session. Each is registered under a name
+    of its own for this one query (PySpark's DataFrame arguments of ``sql``: no other thread's
+    query sees it, none of them is left behind) and read through a CTE of its own name."""
+    frames = list(rows.values())
+    ctes = ",\n".join(f"`{n}` AS (SELECT * FROM {{t{i}}})" for i, n in enumerate(rows))
+    text = sql.replace("{", "{{").replace("}", "}}")
+    return frames[0].sparkSession.sql(f"WITH {ctes}\nSELECT * FROM (\n{text}\n) AS `{name}`",
+                                      **{f"t{i}": frame for i, frame in enumerate(frames)})
 
 
 def _first_line(exc: Exception) -> str:

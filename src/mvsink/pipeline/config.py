@@ -4,9 +4,11 @@ The YAML names the sources (name -> Delta path), the target root (a view's targe
 ``<targets>/<view name>`` unless ``views.<name>.target`` says otherwise), the timeline (default
 ``<targets>/_timeline``) and defaults for every view (``retain_history``, ``layout``, ``as_of``,
 ``trigger_seconds``); ``views.<name>`` may override them per view. The views are the
-``CREATE MATERIALIZED VIEW`` statements of every ``*.sql`` file under the folder.
+``CREATE MATERIALIZED VIEW`` statements of every ``*.sql`` file under the folder and the functions
+decorated with ``@materialized_view`` in every ``*.py`` file under it
+(:mod:`mvsink.pipeline.decorator`; importing them runs no Spark job).
 
-Invariants (checked here, without Spark): view names are unique (case-insensitively, as Spark's
+Invariants (checked here, without Spark): view names are unique, SQL and Python alike (case-insensitively, as Spark's
 names are) and none is a source's name; no two views share a target, and no target is a source or
 the timeline; every per-view setting names a view. Relative paths are relative to the YAML file.
 """
@@ -17,6 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from mvsink.pipeline.decorator import PythonView, python_views
 from mvsink.pipeline.parse import PipelineError, ViewStatement, parse_file
 from mvsink.view import ConfigError, normalize_path, yaml_mapping
 
@@ -32,8 +35,8 @@ class PipelineConfig:
     path: Path
     sources: dict[str, str]
     timeline: str
-    #: view name -> its statement, in file order.
-    statements: dict[str, ViewStatement]
+    #: view name -> its SQL statement or Python function, in file order (SQL files first).
+    views: dict[str, ViewStatement | PythonView]
     targets: dict[str, str]
     #: view name -> its settings (``retain_history``, ``layout``, ``as_of``), defaults applied.
     settings: dict[str, dict]
@@ -73,35 +76,35 @@ def read_config(path: str | os.PathLike) -> PipelineConfig:
         raise PipelineError(f"{path}: unknown defaults {sorted(unknown)}; known: {sorted(_DEFAULTS)}")
     per_view = _mapping(raw, "views", path)
 
-    statements: dict[str, ViewStatement] = {}
+    views: dict[str, ViewStatement | PythonView] = {}
     files = sorted(p for p in path.parent.rglob("*.sql") if p.is_file())
     lowered = {name.lower(): name for name in sources}
-    for file in files:
-        for statement in parse_file(file):
-            same = lowered.get(statement.name.lower())
-            if same in sources:
-                raise PipelineError(f"{statement.where}: view {statement.name} has the name of source {same}")
-            if same is not None:
-                raise PipelineError(f"{statement.where}: view {statement.name} is defined twice; "
-                                    f"first at {statements[same].where}")
-            lowered[statement.name.lower()] = statement.name
-            statements[statement.name] = statement
-    if not statements:
-        raise PipelineError(f"{path}: no CREATE MATERIALIZED VIEW statement in any .sql file under {path.parent}")
+    for view in [v for file in files for v in parse_file(file)] + python_views(path.parent):
+        same = lowered.get(view.name.lower())
+        if same in sources:
+            raise PipelineError(f"{view.where}: view {view.name} has the name of source {same}")
+        if same is not None:
+            raise PipelineError(f"{view.where}: view {view.name} is defined twice; "
+                                f"first at {views[same].where}")
+        lowered[view.name.lower()] = view.name
+        views[view.name] = view
+    if not views:
+        raise PipelineError(f"{path}: no CREATE MATERIALIZED VIEW statement in any .sql file and no "
+                            f"@materialized_view in any .py file under {path.parent}")
 
     targets, settings = {}, {}
     for name in per_view:
-        if name not in statements:
-            raise PipelineError(f"{path}: views.{name}: no view {name!r} is defined (views: {sorted(statements)})")
-    for name in statements:
+        if name not in views:
+            raise PipelineError(f"{path}: views.{name}: no view {name!r} is defined (views: {sorted(views)})")
+    for name in views:
         own = per_view.get(name) or {}
         if not isinstance(own, dict) or (unknown := set(own) - VIEW_SETTINGS - {"target"}):
             raise PipelineError(f"{path}: views.{name} may set {sorted(VIEW_SETTINGS | {'target'})}, not {own!r}")
         targets[name] = absolute(own["target"]) if "target" in own else f"{root}/{name}"
         settings[name] = {k: v for k, v in {**defaults, **own}.items() if k in VIEW_SETTINGS}
-    _check_targets(path, statements, targets, sources, timeline)
+    _check_targets(path, views, targets, sources, timeline)
     trigger = defaults.get("trigger_seconds")
-    return PipelineConfig(path, sources, timeline, statements, targets, settings,
+    return PipelineConfig(path, sources, timeline, views, targets, settings,
                           float(trigger) if trigger is not None else None)
 
 
@@ -112,13 +115,13 @@ def _mapping(raw: dict, name: str, path: Path) -> dict:
     return value
 
 
-def _check_targets(path: Path, statements: dict[str, ViewStatement], targets: dict[str, str],
+def _check_targets(path: Path, views: dict[str, ViewStatement | PythonView], targets: dict[str, str],
                    sources: dict[str, str], timeline: str) -> None:
     owner: dict[str, str] = {}
     for name, target in targets.items():
-        where = statements[name].where
+        where = views[name].where
         if target in owner:
-            raise PipelineError(f"{where}: views {owner[target]} ({statements[owner[target]].where}) and "
+            raise PipelineError(f"{where}: views {owner[target]} ({views[owner[target]].where}) and "
                                 f"{name} have one target {target}; give one of them views.<name>.target in {path}")
         if target in sources.values() or target == timeline:
             raise PipelineError(f"{where}: the target {target} of view {name} is a source or the timeline")

@@ -20,9 +20,9 @@ def explain(pipeline: Pipeline) -> str:
              f"timeline {config.timeline}"]
     lines += [f"  source {name}: {path}" for name, path in config.sources.items()]
     for name in graph.order:
-        statement = config.statements[name]
+        view = config.views[name]
         key = f"key ({', '.join(pipeline.keys[name])})" if pipeline.keys[name] else "no key (the whole row)"
-        lines.append(f"  view {name} ({statement.where}): level {graph.level(name)}, {key} -> {config.targets[name]}")
+        lines.append(f"  view {name} ({view.where}): level {graph.level(name)}, {key} -> {config.targets[name]}")
         lines.append(f"    reads {', '.join(graph.reads[name])}")
     return "\n".join(lines + ["", "```mermaid", graph.mermaid(), "```"])
 
@@ -30,7 +30,7 @@ def explain(pipeline: Pipeline) -> str:
 def pipeline_status(config: PipelineConfig) -> dict[str, dict | str]:
     """view -> its state read from its table, or why there is none yet."""
     states: dict[str, dict | str] = {}
-    for name in config.statements:
+    for name in config.views:
         try:
             states[name] = table_status(config.targets[name], name, config.timeline)
         except ConfigError as exc:

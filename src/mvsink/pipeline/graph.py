@@ -1,20 +1,25 @@
 """The views' dependencies, read by Spark's own parser, and each view's query over the sources.
 
-A view's *references* are the tables its query reads: the unresolved relations of the plan
-Spark's SQL parser makes of it (in subqueries too), less the names of its own CTEs. Each must be
-a source or another view of the pipeline; anything else (an unknown name, ``delta.`/path```, a
-catalog table) is refused, since only sources are pinned by the timeline.
+A SQL view's *references* are the tables its query reads: the unresolved relations of the plan
+Spark's SQL parser makes of it (in subqueries too), less the names of its own CTEs; a Python
+view's are its function's parameters, each the exact name of a source or view (it is given them by
+name). Each must be a source or another view of the pipeline; anything else (an unknown name,
+``delta.`/path```, a catalog table) is refused, since only sources are pinned by the timeline.
 
-Views over views, consistent at every time: a view that reads view ``v`` is run as its own query
-with ``v``'s query (and, in order, those ``v`` reads) put before it as CTEs named after them
-(:meth:`ViewGraph.query_over_sources`). So every view is one query over the sources alone, and at
-time ``t`` every replica evaluates it over the sources at ``t``'s versions: the downstream view
-at ``t`` is by construction computed from the very rows the upstream view has at ``t``, whatever
-either view's progress, and reading any two views at ``t`` agrees with the sources at ``t``'s
-versions. The price is that a downstream view computes its upstream query again (no reuse of the
-upstream's table); the gain is that no view waits for another, and a change to an upstream's
-query changes the downstream's SQL text, hence its definition id, so a cutover of the pipeline
-fences every view the change reaches (:mod:`mvsink.definition`).
+Views over views, consistent at every time: every view is run as one query over the sources alone.
+A SQL view reading only SQL views is its own query with the views it reads (and, in order, those
+they read) put before it as CTEs named after them (:meth:`ViewGraph.query_over_sources`); a view
+that is Python or reads a Python view, at any depth, is its own SQL or function given the views it
+reads computed first, in dependency order, from the same sources' rows
+(:func:`mvsink.desired.snapshot.with_views`). Either way, at time ``t`` every replica evaluates
+it over the sources at ``t``'s versions: the downstream view at ``t`` is by construction computed
+from the very rows the upstream view has at ``t``, whatever either view's progress, and reading
+any two views at ``t`` agrees with the sources at ``t``'s versions; so every combination of SQL
+and Python views is consistent, and none is refused for it. The price is that a downstream view
+computes its upstream views again (no reuse of the upstream's table); the gain is that no view
+waits for another, and a change to an upstream's SQL or function changes the downstream's
+definition id, so a cutover of the pipeline fences every view the change reaches
+(:mod:`mvsink.definition`).
 
 Invariants: the dependency graph has no cycle (a cycle is refused naming its views and their
 files); :attr:`ViewGraph.order` lists every view after all views it reads.
@@ -28,6 +33,7 @@ from pyspark.errors import ParseException
 from pyspark.sql import SparkSession
 
 from mvsink.pipeline.config import PipelineConfig
+from mvsink.pipeline.decorator import PythonView
 from mvsink.pipeline.parse import PipelineError, ViewStatement
 
 
@@ -72,23 +78,37 @@ class ViewGraph:
 
     def __init__(self, spark: SparkSession, config: PipelineConfig):
         self.config = config
-        known = {name.lower(): name for name in [*config.sources, *config.statements]}
+        known = {name.lower(): name for name in [*config.sources, *config.views]}
         #: view -> the sources and views it reads, by their pipeline names.
         self.reads: dict[str, list[str]] = {}
-        for name, statement in config.statements.items():
+        for name, view in config.views.items():
+            if isinstance(view, PythonView):
+                self.reads[name] = self._parameters(view)
+                continue
             names = []
-            for table in sorted(references(spark, statement)):
+            for table in sorted(references(spark, view)):
                 if table.lower() not in known:
                     raise PipelineError(
-                        f"{statement.where}: view {name} reads {table}, which is neither a source "
+                        f"{view.where}: view {name} reads {table}, which is neither a source "
                         f"({', '.join(sorted(config.sources))}) nor a view of the pipeline "
-                        f"({', '.join(sorted(config.statements))})")
+                        f"({', '.join(sorted(config.views))})")
                 names.append(known[table.lower()])
             self.reads[name] = names
         self.order = self._order()
 
+    def _parameters(self, view: PythonView) -> list[str]:
+        """A Python view's reads: its parameters, each a source's or view's exact name (the
+        function is given them by name)."""
+        for parameter in view.parameters:
+            if parameter not in self.config.sources and parameter not in self.config.views:
+                raise PipelineError(
+                    f"{view.where}: view {view.name} takes parameter {parameter}, which is neither a source "
+                    f"({', '.join(sorted(self.config.sources))}) nor a view of the pipeline "
+                    f"({', '.join(sorted(self.config.views))})")
+        return list(view.parameters)
+
     def views_read(self, name: str) -> list[str]:
-        return [n for n in self.reads[name] if n in self.config.statements]
+        return [n for n in self.reads[name] if n in self.config.views]
 
     def _order(self) -> list[str]:
         order: list[str] = []
@@ -100,14 +120,14 @@ class ViewGraph:
             if state.get(name) == "visiting":
                 cycle = path[path.index(name):] + [name]
                 raise PipelineError("dependency cycle: " + " -> ".join(
-                    f"{v} ({self.config.statements[v].where})" for v in cycle))
+                    f"{v} ({self.config.views[v].where})" for v in cycle))
             state[name] = "visiting"
             for upstream in self.views_read(name):
                 visit(upstream, path + [name])
             state[name] = "done"
             order.append(name)
 
-        for name in self.config.statements:
+        for name in self.config.views:
             visit(name, [])
         return order
 
@@ -127,12 +147,12 @@ class ViewGraph:
         return max((self.level(v) + 1 for v in self.views_read(name)), default=0)
 
     def query_over_sources(self, name: str) -> str:
-        """``name``'s query as one query over the sources: the views it reads as CTEs first."""
-        query = self.config.statements[name].query
+        """SQL view ``name``'s query as one query over the sources: the (SQL) views it reads as CTEs first."""
+        query = self.config.views[name].query
         upstream = self.upstream(name)
         if not upstream:
             return query
-        ctes = ",\n".join(f"`{v}` AS (\n{self.config.statements[v].query}\n)" for v in upstream)
+        ctes = ",\n".join(f"`{v}` AS (\n{self.config.views[v].query}\n)" for v in upstream)
         return f"WITH {ctes}\nSELECT * FROM (\n{query}\n) AS `{name}`"
 
     def mermaid(self) -> str:
@@ -142,6 +162,6 @@ class ViewGraph:
         lines += [f"  view_{v}[{v}]" for v in self.order]
         for view in self.order:
             for read in self.reads[view]:
-                kind = "view" if read in self.config.statements else "source"
+                kind = "view" if read in self.config.views else "source"
                 lines.append(f"  {kind}_{read} --> view_{view}")
         return "\n".join(lines)
