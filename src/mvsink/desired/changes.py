@@ -6,7 +6,8 @@ a change feed whose files are small (:func:`feed_is_small`, from the source's lo
 task, without a shuffle. A read that fails for good (:func:`unreadable`: the data is gone) is told
 apart from one a retry may cure; when neither a range's changes nor its snapshots can be read,
 the view stops with :class:`SourceChangesLost`, and with :class:`SourceSchemaChanged` when a
-source's columns no longer fit the view's.
+source's columns no longer fit the view's. Where asked, the Delta files the holding job scanned
+are reported (:func:`delta_reads`), read off the plan it ran.
 """
 
 from __future__ import annotations

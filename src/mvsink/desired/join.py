@@ -153,15 +153,27 @@ def _equalities(plan) -> list[tuple[int, int]]:
     return found
 
 
-def key_ranges(change: DataFrame, column: str) -> list[tuple]:
-    """Closed ranges ``(least, greatest)`` covering every non-null value of ``column`` in
-    ``change`` (at most :data:`MOST_RANGES`, cut at the widest gaps between its distinct values;
-    one range where they are more than :data:`MOST_KEYS` or not numbers or dates; none where
-    there is none), in one Spark job (two for a change with more keys)."""
-    keys = change.select(column).where(F.col(column).isNotNull()).distinct().limit(MOST_KEYS + 1)
-    (values,) = keys.agg(F.sort_array(F.collect_list(column))).first()
-    if len(values) > MOST_KEYS:
-        return [tuple(change.agg(F.min(column), F.max(column)).first())]
+def key_ranges(change: DataFrame, columns: list[str], small: bool) -> dict[str, list[tuple]]:
+    """For each of ``columns``: closed ranges ``(least, greatest)`` covering every non-null value
+    of it in ``change`` (at most :data:`MOST_RANGES`, cut at the widest gaps between its distinct
+    values; one range where they are more than :data:`MOST_KEYS` or not numbers or dates; none
+    where there is none). A ``small`` change's distinct values of every column are collected by
+    one Spark job; a larger change's by one bounded job per column (and one more for a column
+    with more values)."""
+    if small:
+        values = change.agg(*[F.sort_array(F.collect_set(c)) for c in columns]).first()
+        return {c: _cut(list(v)) if len(v) <= MOST_KEYS else [(v[0], v[-1])] for c, v in zip(columns, values)}
+    ranges = {}
+    for column in columns:
+        keys = change.select(column).where(F.col(column).isNotNull()).distinct().limit(MOST_KEYS + 1)
+        (values,) = keys.agg(F.sort_array(F.collect_list(column))).first()
+        ranges[column] = (_cut(values) if len(values) <= MOST_KEYS
+                          else [tuple(change.agg(F.min(column), F.max(column)).first())])
+    return ranges
+
+
+def _cut(values: list) -> list[tuple]:
+    """Ranges covering the sorted distinct ``values``, cut at the widest gaps (see :func:`key_ranges`)."""
     if not values:
         return []
     if not isinstance(values[0], (int, Decimal, datetime.date)):
