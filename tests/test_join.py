@@ -192,3 +192,31 @@ def test_the_other_side_is_read_only_where_the_change_can_join_it(spark, tmp_pat
         pruned, recomputed = (Counter(tuple(r) for r in read_view(spark, str(tmp_path / n), n, at).collect())
                               for n in ("pruned", "recomputed"))
         assert pruned == recomputed, f"time {at}"
+
+
+def test_explain_says_the_strategy_of_a_view_and_why(spark, tmp_path, capsys):
+    """``mvsink explain view.yaml``: an inner join with the keys its other sides are pruned by,
+    a left join evaluated in full naming the operator, refused under ``incremental`` (exit 1),
+    nothing written (no target, no timeline)."""
+    from mvsink.replica import cli
+
+    create_source(spark, str(tmp_path / "orders"), [(1, 1, 5)], ORDERS)
+    create_source(spark, str(tmp_path / "customers"), [(1, "x")], CUSTOMERS)
+
+    def explain(sql: str, refresh: str = "auto") -> tuple[int, str]:
+        config = tmp_path / "view.yaml"
+        config.write_text(f"view_id: v\ntarget: target\nkey: [id]\nsources: {{orders: orders, customers: customers}}\n"
+                          f"input:\n  kind: snapshot\n  refresh: {refresh}\n  sql: \"{sql}\"\n")
+        code = cli.main(["explain", str(config)])
+        captured = capsys.readouterr()
+        return code, captured.out + captured.err
+
+    code, out = explain(JOIN)
+    assert code == 0 and f"view v: key (id) -> {tmp_path}/target, refresh auto" in out, out
+    assert "its query is an inner join" in out and "(customers.cust = orders.cust)" in out, out
+    left = "SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust"
+    code, out = explain(left)
+    assert code == 0 and "evaluated in full at each time (it has a LeftOuter Join)" in out, out
+    code, out = explain(left, "incremental")
+    assert code != 0 and "refresh incremental" in out and "LeftOuter Join" in out, out
+    assert not (tmp_path / "target").exists() and not (tmp_path / "target_timeline").exists()
