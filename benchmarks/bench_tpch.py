@@ -188,7 +188,8 @@ def run(args, workdir: str) -> int:
     print("\n=== TPC-H Q3-like view: mvsink vs overwrite vs MERGE-sync vs the query alone ===")
     print(f"machine: {machine()}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
     print(f"workload: scale {args.scale}, view {view_rows:,} rows, {args.rounds} rounds of +{new_orders:,} "
-          f"orders and -{deleted_orders:,} orders with their lineitems; mvsink strategy: {', '.join(sorted(strategies))}")
+          f"orders and -{deleted_orders:,} orders with their lineitems; "
+          f"mvsink strategy: {', '.join(sorted(strategies))}")
     for name, values in times.items():
         print(f"{name:12} p50 {percentile(values, 0.5):6.2f}s  p90 {percentile(values, 0.9):6.2f}s  "
               f"mean {statistics.mean(values):6.2f}s")
