@@ -123,6 +123,9 @@ class StepReport:
     #: How the step computed the view's changes (:attr:`mvsink.desired.changes.Changes.strategy`),
     #: ``hydration`` for its contents at one time; None if it read none.
     strategy: str | None = None
+    #: The Delta scans the step's changes read (:attr:`mvsink.desired.changes.Changes.reads`: the
+    #: files of each other side of a join read, of all), where known.
+    reads: tuple = ()
 
     def __str__(self) -> str:
         appended = {None: "no append", True: "won", False: "lost"}[self.appended]
@@ -133,7 +136,8 @@ class StepReport:
                 f"{f' (minted {self.minted_time})' if self.minted_time is not None else ''}, "
                 f"{self.corrections} corrections, batch {desc} {appended} ({self.files} files"
                 f"{f', {self.repairs} repairs' if self.repairs else ''}) in {self.seconds:.2f}s"
-                f"{f' by {self.strategy}' if self.strategy else ''}: {phases}")
+                f"{f' by {self.strategy}' if self.strategy else ''}"
+                f"{' reading ' + ', '.join(map(str, self.reads)) if self.reads else ''}: {phases}")
 
 
 class MaterializedView:
@@ -284,6 +288,7 @@ class MaterializedView:
         started = time.monotonic()
         self._profile = profile = StepProfile(self.spark)
         self._strategy: str | None = None
+        self._reads: tuple = ()
         minted = None
         try:
             persisted, minted = self._reconcile()
@@ -306,7 +311,7 @@ class MaterializedView:
                 corrections = self.correction.count()
             report = StepReport(persisted.version, persisted.upper, self.desired_frontier, corrections,
                                 timeline_upper=self.timeline.upper, minted_time=minted, desc=desc,
-                                strategy=self._strategy)
+                                strategy=self._strategy, reads=self._reads)
             if self.hydration.running:
                 self.hydration.finish(corrections)
             if desc is not None:
@@ -419,7 +424,7 @@ class MaterializedView:
             desired = self.desired.changes(self.desired_frontier, upper - 1)
             self.desired_frontier = upper
             if desired is not None:
-                self._strategy = desired.strategy
+                self._strategy, self._reads = desired.strategy, desired.reads
         return desired
 
     def _fold(self, persisted_updates: DataFrame | None, desired: Changes | DataFrame | None, persisted,

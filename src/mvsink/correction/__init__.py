@@ -62,12 +62,15 @@ def checkpointed(frame: DataFrame) -> tuple[DataFrame, int]:
     return kept, kept._jdf.javaRDD().count()
 
 
-def held_observing(frame: DataFrame, name: str, *metrics: Column,
-                   keep: list[str] | None = None) -> tuple[DataFrame, list]:
+def held_observing(frame: DataFrame, name: str, *metrics: Column, keep: list[str] | None = None,
+                   executed: list[DataFrame] | None = None) -> tuple[DataFrame, list]:
     """``frame`` (its columns ``keep``, default all) kept in Spark's block manager, and the
-    values of ``metrics`` (aggregates over its rows) observed by the same Spark job."""
+    values of ``metrics`` (aggregates over its rows) observed by the same Spark job. The DataFrame
+    the job ran is appended to ``executed`` if given (its query execution holds the plan it ran)."""
     observed = frame.observe(name, *metrics).select(*(keep or frame.columns))
     kept = observed.localCheckpoint(eager=True)
+    if executed is not None:
+        executed.append(observed)
     # The metrics of the action that just ran, read from its query execution (not waited for).
     reported = observed._jdf.queryExecution().observedMetrics()
     if not reported.contains(name):

@@ -93,6 +93,11 @@ class ChangesDesired(Desired):
                 f"ALTER TABLE delta.`{self.source}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)"
             )
 
+    def strategy_description(self) -> str:
+        """The strategy the view's changes get, in words (shown by ``mvsink explain``)."""
+        mapped = ", each row through its map_row function" if self.input.map_row is not None else ""
+        return f"its changes are source {self.name}'s changes (its change data feed, or its commits' files){mapped}"
+
     def _source_schema(self) -> T.StructType:
         return self.read_source(self.name, self.schema_versions()[self.name]).schema
 

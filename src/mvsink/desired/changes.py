@@ -6,7 +6,8 @@ a change feed whose files are small (:func:`feed_is_small`, from the source's lo
 task, without a shuffle. A read that fails for good (:func:`unreadable`: the data is gone) is told
 apart from one a retry may cure; when neither a range's changes nor its snapshots can be read,
 the view stops with :class:`SourceChangesLost`, and with :class:`SourceSchemaChanged` when a
-source's columns no longer fit the view's.
+source's columns no longer fit the view's. Where asked, the Delta files the holding job scanned
+are reported (:func:`delta_reads`), read off the plan it ran.
 """
 
 from __future__ import annotations
@@ -50,9 +51,46 @@ class Changes:
     #: How they were computed: ``change feed`` or ``snapshot difference`` (a change-feed view),
     #: ``row-wise``, ``linear aggregate``, ``inner join`` or ``full evaluation`` (a query view).
     strategy: str = ""
+    #: The files of Delta tables the job that held them scanned (:func:`delta_reads`; the other
+    #: sides of a join), where known.
+    reads: tuple[SourceRead, ...] = ()
 
 
-def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bool = False) -> Changes:
+@dataclass(frozen=True)
+class SourceRead:
+    """A scan of a Delta table at one version: the files it read after data skipping, of all."""
+
+    table: str
+    version: int
+    files: int
+    total_files: int
+
+    def __str__(self) -> str:
+        return f"{self.table}@v{self.version} {self.files}/{self.total_files} files"
+
+
+def delta_reads(executed: DataFrame) -> tuple[SourceRead, ...]:
+    """The Delta table scans of the plan a Spark job ran for ``executed`` (its optimized plan,
+    computed by the job, with Delta's prepared scans: no work), in plan order."""
+    reads, pending = [], [executed._jdf.queryExecution().optimizedPlan()]
+    while pending:
+        node = pending.pop()
+        children = node.children()
+        pending += [children.apply(i) for i in range(children.size() - 1, -1, -1)]
+        if node.nodeName() != "LogicalRelation":
+            continue
+        index = node.relation().location() if node.relation().getClass().getSimpleName() == "HadoopFsRelation" else None
+        if index is None or index.getClass().getSimpleName() != "PreparedDeltaFileIndex":
+            continue
+        scan = index.preparedScan()
+        if scan.scanned().files().isDefined() and scan.total().files().isDefined():
+            reads.append(SourceRead(index.path().toString(), scan.version(), scan.scanned().files().get(),
+                                    scan.total().files().get()))
+    return tuple(reads)
+
+
+def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bool = False,
+                 reads: bool = False) -> Changes:
     """``updates`` (times from ``lo`` on) consolidated and held, in one Spark job that also
     counts them and, for a keyed view, tells whether any key's row count changes: the updates
     are shuffled by the key once, so the consolidation and the per-(key, time) sums need no
@@ -60,17 +98,23 @@ def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bo
     sums are held with the rows: the keys whose count changes are read from them, no job.
 
     ``one_task``: the updates are few (see :func:`feed_is_small`); they are gathered into one
-    partition instead, which needs no shuffle at all (one stage, one task)."""
+    partition instead, which needs no shuffle at all (one stage, one task).
+
+    ``reads``: the Delta scans of the job are reported (:attr:`Changes.reads`)."""
     if not key:
-        kept, size = checkpointed(consolidate(updates.coalesce(1) if one_task else updates))
-        return Changes(kept, size, lo)
+        consolidated = consolidate(updates.coalesce(1) if one_task else updates)
+        kept, size = checkpointed(consolidated)  # runs consolidated's own query execution
+        return Changes(kept, size, lo, reads=delta_reads(consolidated) if reads else ())
     spread = updates.coalesce(1) if one_task else updates.repartition(*key)
     consolidated = consolidate(spread).withColumn(NET, key_count_change(key))
+    executed = []
     kept, (size, changed) = held_observing(
         consolidated, _OBSERVED, F.count(F.lit(1)).alias("size"),
-        F.coalesce(F.max(F.col(NET) != 0), F.lit(False)).alias("changed"), keep=[*updates.columns, NET])
+        F.coalesce(F.max(F.col(NET) != 0), F.lit(False)).alias("changed"), keep=[*updates.columns, NET],
+        executed=executed)
     touched = kept.where(F.col(NET) != 0).select(*key)
-    return Changes(kept.select(*updates.columns), size, lo, changed, touched)
+    return Changes(kept.select(*updates.columns), size, lo, changed, touched,
+                   reads=delta_reads(executed[0]) if reads else ())
 
 
 #: The change data feed files one task reads and consolidates (see :func:`feed_is_small`).

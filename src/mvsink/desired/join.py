@@ -14,7 +14,19 @@ sources ``A1..An`` at their versions before and ``A1'..An'`` after, and ``Di = A
 ``i``'s change (its inserted rows at +1, its deleted rows at -1, as for a row-wise query) and the
 other sources, those before ``i`` at the time's versions and those after it at the versions before.
 A source whose version did not move has no term. The work is each change joined with the other sides
-(Spark broadcasts a small change); no earlier result is kept. A linear aggregate over such a join
+(Spark broadcasts a small change); no earlier result is kept.
+
+The other sides are read only where they can join the change (:func:`join_keys`,
+:func:`key_ranges`, :func:`pruned`): for each equality ``a = b`` of the query between a column ``a``
+of the changed source and a column ``b`` of another (both plain columns of one type, as an
+equi-join's keys are), that source is read where ``b`` lies in a few ranges covering every non-null
+``a`` of the change, so Delta skips the files (and Parquet the row groups) whose min/max statistics
+or partition values lie outside. This is exact: every row of a term satisfies every equality, so
+its row of the other side has ``b`` equal to some ``a`` of the change, never null (a null never
+equals). Delta's data skipping of ``b IN (...)`` uses only the list's least and greatest value, so
+ranges, cut at the widest gaps between the change's keys, are what prune: keys clustered in a few
+places (new orders at the top, old ones deleted at the bottom) read a few files, keys spread
+everywhere read every file, as the whole scan would. A linear aggregate over such a join
 (:mod:`mvsink.desired.linear_aggregate`) moves its groups by the same terms. A source read twice (a
 self-join) makes the query quadratic in it, an outer join is not linear: such queries, and any other
 shape, are evaluated in full.
@@ -22,13 +34,26 @@ shape, are evaluated in full.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+import datetime
+from decimal import Decimal
+from functools import reduce
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 
 from mvsink.desired.row_wise import plan_reads_subqueries
 
 #: Plan nodes over which a query stays linear in each source: row-wise nodes and inner joins.
 _LINEAR_NODES = frozenset({"Project", "Filter", "Join"})
 _INNER_JOINS = frozenset({"Inner", "Cross"})
+#: Types of join key columns the other sides are pruned by: ordered exactly alike in Python and
+#: Spark (no floats: -0.0, NaN; no timestamps: time zones; strings only under the default collation).
+_RANGED_TYPES = frozenset({"tinyint", "smallint", "int", "bigint", "date", "string"})
+#: The most distinct keys of a change collected to cut ranges; more are pruned by their least and
+#: greatest value alone (one range).
+MOST_KEYS = 100_000
+#: The most ranges the other side is read in.
+MOST_RANGES = 16
 
 
 def is_inner_join(result: DataFrame, scan: str, sources: int) -> bool:
@@ -74,3 +99,106 @@ def _linear_leaves(plan) -> tuple[list | None, int]:
         children = node.children()
         pending += [children.apply(i) for i in range(children.size())]
     return leaves, joins
+
+
+def join_keys(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, dict[str, list[tuple[str, str]]]]:
+    """The equalities of ``result`` (an inner join, or a linear aggregate over one, over the rows
+    ``held``, each read once) between plain columns of two sources: for each source, each other
+    source it equals columns with and the pairs ``(its column, the other's column)``. Only
+    conjuncts of join and filter conditions count (each holds for every row of the result), and
+    only columns of the types in :data:`_RANGED_TYPES`, the same on both sides."""
+    plan = result._jdf.queryExecution().optimizedPlan()
+    plan = plan.child() if plan.nodeName() == "Aggregate" else plan
+    leaves, _ = _linear_leaves(plan)
+    by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+    columns = {}  # an output attribute's id -> (source, column, type)
+    for leaf in leaves or []:
+        name = by_rdd.get(leaf.rdd().id())
+        for attribute in _items(leaf.output()):
+            columns[attribute.exprId().id()] = (name, attribute.name(), attribute.dataType().simpleString())
+    keys: dict[str, dict[str, list[tuple[str, str]]]] = {}
+    for left, right in _equalities(plan):
+        a, b = columns.get(left), columns.get(right)
+        if (a is None or b is None or a[0] is None or b[0] is None or a[0] == b[0] or a[2] != b[2]
+                or not (a[2] in _RANGED_TYPES or a[2].startswith("decimal("))):
+            continue
+        for (one, column), (other, other_column) in (((a[0], a[1]), (b[0], b[1])), ((b[0], b[1]), (a[0], a[1]))):
+            pairs = keys.setdefault(one, {}).setdefault(other, [])
+            if (column, other_column) not in pairs:
+                pairs.append((column, other_column))
+    return keys
+
+
+def _equalities(plan) -> list[tuple[int, int]]:
+    """The ids of the attributes each ``EqualTo`` conjunct of a join or filter condition in
+    ``plan`` (linear nodes) compares, where both sides are attributes."""
+    found, pending = [], [plan]
+    while pending:
+        node = pending.pop()
+        name = node.nodeName()
+        if name in ("Join", "Filter"):
+            condition = node.condition()
+            conjuncts = [condition] if name == "Filter" else ([condition.get()] if condition.isDefined() else [])
+            while conjuncts:
+                expression = conjuncts.pop()
+                kind = expression.nodeName()
+                if kind == "And":
+                    conjuncts += [expression.left(), expression.right()]
+                elif (kind == "EqualTo" and expression.left().nodeName() == "AttributeReference"
+                      and expression.right().nodeName() == "AttributeReference"):
+                    found.append((expression.left().exprId().id(), expression.right().exprId().id()))
+        if name in _LINEAR_NODES:
+            children = node.children()
+            pending += [children.apply(i) for i in range(children.size())]
+    return found
+
+
+def key_ranges(change: DataFrame, columns: list[str], small: bool) -> dict[str, list[tuple]]:
+    """For each of ``columns``: closed ranges ``(least, greatest)`` covering every non-null value
+    of it in ``change`` (at most :data:`MOST_RANGES`, cut at the widest gaps between its distinct
+    values; one range where they are more than :data:`MOST_KEYS` or not numbers or dates; none
+    where there is none). A ``small`` change's distinct values of every column are collected by
+    one Spark job; a larger change's by one bounded job per column (and one more for a column
+    with more values)."""
+    if small:
+        values = change.agg(*[F.sort_array(F.collect_set(c)) for c in columns]).first()
+        return {c: _cut(list(v)) if len(v) <= MOST_KEYS else [(v[0], v[-1])] for c, v in zip(columns, values)}
+    ranges = {}
+    for column in columns:
+        keys = change.select(column).where(F.col(column).isNotNull()).distinct().limit(MOST_KEYS + 1)
+        (values,) = keys.agg(F.sort_array(F.collect_list(column))).first()
+        ranges[column] = (_cut(values) if len(values) <= MOST_KEYS
+                          else [tuple(change.agg(F.min(column), F.max(column)).first())])
+    return ranges
+
+
+def _cut(values: list) -> list[tuple]:
+    """Ranges covering the sorted distinct ``values``, cut at the widest gaps (see :func:`key_ranges`)."""
+    if not values:
+        return []
+    if not isinstance(values[0], (int, Decimal, datetime.date)):
+        return [(values[0], values[-1])]
+    number = (lambda v: v.toordinal()) if isinstance(values[0], datetime.date) else (lambda v: v)
+    gaps = sorted(range(1, len(values)), key=lambda i: number(values[i]) - number(values[i - 1]), reverse=True)
+    cuts = sorted(i for i in gaps[:MOST_RANGES - 1] if number(values[i]) - number(values[i - 1]) > 1)
+    starts = [0, *cuts]
+    return [(values[start], values[end - 1]) for start, end in zip(starts, [*cuts, len(values)])]
+
+
+def pruned(rows: DataFrame, column: str, ranges: list[tuple]) -> DataFrame:
+    """``rows`` where ``column`` lies in one of ``ranges`` (none: no row), as a filter Delta's
+    data skipping and Parquet's row group filters read (literals of the column's type)."""
+    data_type = rows.schema[column].dataType
+    column_ = F.col(column)
+
+    def within(least, greatest) -> Column:
+        if least == greatest:
+            return column_ == F.lit(least).cast(data_type)
+        return (column_ >= F.lit(least).cast(data_type)) & (column_ <= F.lit(greatest).cast(data_type))
+
+    return rows.where(reduce(Column.__or__, [within(*r) for r in ranges]) if ranges else F.lit(False))
+
+
+def _items(seq) -> list:
+    """A Scala ``Seq``'s items."""
+    return [seq.apply(i) for i in range(seq.size())]

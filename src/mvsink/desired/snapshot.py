@@ -33,8 +33,8 @@ from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
-from mvsink.desired.changes import NET, Changes, feed_is_small, held_changes, unreadable
-from mvsink.desired.join import is_inner_join, reads_each_once
+from mvsink.desired.changes import NET, Changes, SourceRead, delta_reads, feed_is_small, held_changes, unreadable
+from mvsink.desired.join import is_inner_join, join_keys, key_ranges, pruned, reads_each_once
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
 from mvsink.desired.refresh import unmaintained_operator
@@ -87,15 +87,35 @@ class SnapshotDesired(Desired):
                 or len(held) > 1 and not reads_each_once(over_held, list(held.values()))):
             self.aggregate = None
         self._apply_refresh_policy()
+        #: For a join (or an aggregate over one): per source, the other sources it equals columns
+        #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
+        self._join_keys = (join_keys(over_held, held) if len(self.sources) > 1 and (self.join or self.aggregate)
+                           else {})
+        #: The other sides' reads by source and version (see :meth:`_pinned`).
+        self._pinned_reads: dict[tuple[str, int], DataFrame] = {}
         if self.aggregate is not None:
             self._groups = GroupStates(self.aggregate, self.user_schema, view.key)
-        log.info("view %r: %s", view.view_id,
-                 "its query is row-wise: its changes are the query over the source's changes"
-                 if self.row_wise else
-                 "its query is a linear aggregate: its changes are its groups' changes from the source's changes"
-                 if self.aggregate is not None else
-                 "its query is an inner join: its changes are each source's changes joined with the other sources"
-                 if self.join else f"its query is evaluated in full at each time ({self._why_full()})")
+        log.info("view %r: %s", view.view_id, self.strategy_description())
+
+    def strategy_description(self) -> str:
+        """The strategy the view's changes get and why, in words (logged at start, and shown
+        by ``mvsink explain``)."""
+        if self.row_wise:
+            return "its query is row-wise: its changes are the query over the source's changes"
+        if self.aggregate is not None:
+            described = "its query is a linear aggregate: its changes are its groups' changes from the source's changes"
+        elif self.join:
+            described = ("its query is an inner join: its changes are each source's changes joined with the "
+                         "other sources")
+        else:
+            return f"its query is evaluated in full at each time ({self._why_full()})"
+        pairs = sorted({" = ".join(sorted((f"{name}.{a}", f"{other}.{b}"))) for name, others in self._join_keys.items()
+                        for other, columns in others.items() for a, b in columns})
+        if pairs:
+            described += f"; each other side read only where its join keys meet the change's ({', '.join(pairs)})"
+        elif len(self.sources) > 1:
+            described += "; the other sides read whole (no equality of plain columns of one type to prune them by)"
+        return described
 
     def _why_full(self) -> str:
         """Why the query is evaluated in full: its policy, or what stops every strategy."""
@@ -241,16 +261,32 @@ class SnapshotDesired(Desired):
     def _join_changes(self, times: list[int]) -> Changes:
         """The terms of the query's change at each time (:meth:`_change_terms`), from each
         source's changes held, consolidated."""
-        feeds, _ = self._source_feeds(times)
+        feeds, _, ranges = self._source_feeds(times)
         parts = [self._as_updates(result, time, diff)
-                 for time in times for diff, result in self._change_terms(time, feeds)]
-        return held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
+                 for time in times for diff, result in self._change_terms(time, feeds, ranges)]
+        updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
+        changes = held_changes(updates, times[0], self.view.key, reads=True)
+        return replace(changes, reads=self._named(changes.reads))
 
-    def _source_feeds(self, times: list[int]) -> tuple[dict[str, DataFrame], bool]:
+    def _no_updates(self) -> DataFrame:
+        """No updates, in the table schema."""
+        return self.spark.createDataFrame([], self.schema)
+
+    def _named(self, reads: tuple[SourceRead, ...]) -> tuple[SourceRead, ...]:
+        """``reads`` with each source's table named by the view's name for it."""
+        paths = {path.rstrip("/").removeprefix("file:"): name for name, path in self.sources.items()}
+        return tuple(replace(read, table=paths.get(read.table.rstrip("/").removeprefix("file:"), read.table))
+                     for read in reads)
+
+    def _source_feeds(self, times: list[int]) -> tuple[dict[str, DataFrame], bool, dict[tuple[str, str], list]]:
         """Each source's changes at ``times`` (of those whose version moves), held (read once
         for all the times), and where several sources are joined, a small change broadcast to
-        the joins; and whether every change is small."""
-        feeds, small = {}, True
+        the joins; whether every change is small; and the ranges of each change's join keys
+        (by source and column) the other sides are read in (:func:`~mvsink.desired.join.key_ranges`)."""
+        feeds, small, ranges = {}, True, {}
+        before = self.timeline.versions(times[0] - 1)
+        self._pinned_reads = {(name, version): rows for (name, version), rows in self._pinned_reads.items()
+                              if version >= before[name]}
         for name in self.sources:
             if all(self.timeline.versions(t - 1)[name] == self.timeline.versions(t)[name] for t in times):
                 continue
@@ -259,23 +295,49 @@ class SnapshotDesired(Desired):
             held = feed.localCheckpoint(eager=True)
             feeds[name] = F.broadcast(held) if is_small and len(self.sources) > 1 else held
             small = small and is_small
-        return feeds, small
+            columns = sorted({column for pairs in self._join_keys.get(name, {}).values() for column, _ in pairs})
+            if columns:
+                ranges.update({(name, column): cut for column, cut in key_ranges(held, columns, is_small).items()})
+        return feeds, small, ranges
 
-    def _change_terms(self, time: int, feeds: dict[str, DataFrame]) -> list[tuple[int, DataFrame]]:
+    def _change_terms(self, time: int, feeds: dict[str, DataFrame],
+                      ranges: dict[tuple[str, str], list[tuple]]) -> list[tuple[int, DataFrame]]:
         """The query's change at ``time`` as terms ``(diff, result)``: per source whose version
         moves, the query over its inserted rows (+1) and its deleted rows (-1) and the other
         sources, those before it (in the view's order) at the time's versions, those after it
-        at the versions before (:mod:`mvsink.desired.join`; one source: the query over its
-        change alone)."""
+        at the versions before, each read only where its join keys lie in the ranges of the
+        change's keys (:mod:`mvsink.desired.join`; ``ranges`` holds them by source and column,
+        cut once for all the times of the feeds by :meth:`_source_feeds`; one source: the query
+        over its change alone).
+        A change none of whose rows has a key to join by has no term: its rows join nothing."""
         names, terms = list(self.sources), []
         before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
         for i, name in enumerate(names):
             if before[name] == after[name]:
                 continue
-            others = {other: self.read_source(other, (after if j < i else before)[other], self._session())
-                      for j, other in enumerate(names) if j != i}
+            others = {}
+            for j, other in enumerate(names):
+                if j == i:
+                    continue
+                rows = self._pinned(other, (after if j < i else before)[other])
+                for column, other_column in self._join_keys.get(name, {}).get(other, []):
+                    rows = pruned(rows, other_column, ranges[name, column])
+                others[other] = rows
+            if any(not ranges[name, column] for pairs in self._join_keys.get(name, {}).values()
+                   for column, _ in pairs):
+                continue
             terms += [(diff, self._query({**others, name: rows})) for diff, rows in self._feed_rows(feeds[name], time)]
         return terms
+
+    def _pinned(self, name: str, version: int) -> DataFrame:
+        """Source ``name`` at ``version``: one DataFrame for all the terms and steps that read that
+        version (as the version after one step's change is the version before the next's), so
+        Delta loads its snapshot and the file statistics data skipping reads once, not per read
+        (a version that is not the newest is not cached by Delta). Versions below the one before
+        the step are dropped by :meth:`_source_feeds`."""
+        if (name, version) not in self._pinned_reads:
+            self._pinned_reads[name, version] = self.read_source(name, version, self._session())
+        return self._pinned_reads[name, version]
 
     def _aggregate_changes(self, times: list[int]) -> Changes:
         """Per time, the groups' state moved by the sources' changes (the aggregate's input over
@@ -289,22 +351,26 @@ class SnapshotDesired(Desired):
             self._hold_state(times[0] - 1)
         # held: read once for all the times, and a query over held rows keeps its Aggregate (over
         # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
-        feeds, small = self._source_feeds(times)
-        parts, size, key_moves = [], 0, False
+        feeds, small, ranges = self._source_feeds(times)
+        parts, size, key_moves, executed = [], 0, False, []
         for time in times:
+            terms = self._change_terms(time, feeds, ranges)
+            if not terms:  # no change at this time joins anything: the groups stay
+                self._state_time = time
+                continue
             changed = reduce(DataFrame.unionByName, [
-                groups.rows_as_state(aggregate.aggregate_input(result), diff)
-                for diff, result in self._change_terms(time, feeds)])
+                groups.rows_as_state(aggregate.aggregate_input(result), diff) for diff, result in terms])
             one_task = small and self._state_groups <= ONE_TASK_GROUPS
             combined, (moved, moves, kept) = held_observing(
-                groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement)
+                groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement, executed=executed)
             size, key_moves = size + moved, key_moves or moves
             parts.append(self._as_updates(groups.updates(combined), time))
             self._state, self._state_time, self._state_groups = groups.kept_state(combined), time, kept
-        updates = self._finish(reduce(DataFrame.unionByName, parts))
+        updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
+        reads = self._named(tuple(read for frame in executed for read in delta_reads(frame)))
         if not aggregate.rows_are_distinct:
-            return held_changes(updates, times[0], self.view.key)
-        return Changes(updates, size, times[0], key_moves if self.view.key else None)
+            return replace(held_changes(updates, times[0], self.view.key), reads=reads)
+        return Changes(updates, size, times[0], key_moves if self.view.key else None, reads=reads)
 
     @staticmethod
     def _feed_rows(feed: DataFrame, time: int) -> list[tuple[int, DataFrame]]:

@@ -75,6 +75,10 @@ class Desired:
     def snapshot(self, time: int) -> DataFrame:
         raise NotImplementedError
 
+    def strategy_description(self) -> str:
+        """How the view's changes are computed, and why, in words."""
+        raise NotImplementedError
+
     @property
     def snapshot_is_stored(self) -> bool:
         """Whether reading a :meth:`snapshot` again only reads stored rows (a pinned Delta

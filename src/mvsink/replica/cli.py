@@ -8,6 +8,7 @@ nothing: running views are kept as they are), sends one command and prints the a
     mvsink status --config view.yaml
     mvsink status --pipeline DIR                                  (every view of a pipeline, from its tables)
     mvsink explain --pipeline DIR [--mermaid]                     (a pipeline's views, dependencies, graph)
+    mvsink explain view.yaml                                      (the strategy a view's changes get, and why)
     mvsink --replica HOST:PORT create --config view.yaml
     mvsink --replica HOST:PORT allow-writes
     mvsink --replica HOST:PORT peek VIEW [--time T] [--where EXPR] [--columns a,b] [--limit N] [--offset N]
@@ -54,9 +55,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     status.add_argument("--pipeline", help="read the state of every view of this pipeline (no --replica)")
     status.add_argument("--view", help="with --target: the view id (default: the table's newest writer)")
     status.add_argument("--timeline", help="with --target: the timeline (default <target>_timeline)")
-    explain = commands.add_parser("explain", help="a pipeline's views, their dependencies and a Mermaid graph "
-                                                  "(loads it as a job would: also the check that it starts)")
-    explain.add_argument("--pipeline", required=True, help="the pipeline's folder (or its pipeline.yaml)")
+    explain = commands.add_parser("explain", help="a view's strategy and why, or a pipeline's views, their "
+                                                  "dependencies and a Mermaid graph (loads it as a job would: "
+                                                  "also the check that it starts)")
+    explain.add_argument("config", nargs="?", help="a view definition (view.yaml): the strategy its changes get")
+    explain.add_argument("--pipeline", help="the pipeline's folder (or its pipeline.yaml)")
     explain.add_argument("--mermaid", action="store_true", help="print only the Mermaid graph")
     commands.add_parser("create", help="create and schedule a view").add_argument("--config", required=True)
     commands.add_parser("allow-writes", help="end read-only mode (for good)")
@@ -100,6 +103,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     from_table = args.command == "status" and (args.target or args.config or args.pipeline)
     if args.command == "status" and sum(map(bool, (args.target, args.config, args.pipeline))) > 1:
         parser.error("status: give one of --target, --config and --pipeline")
+    if args.command == "explain" and bool(args.config) == bool(args.pipeline):
+        parser.error("explain: give a view.yaml or --pipeline DIR")
+    if args.command == "explain" and args.mermaid and not args.pipeline:
+        parser.error("explain: --mermaid goes with --pipeline")
     if args.command == "status" and (args.view or args.timeline) and not args.target:
         parser.error("status: --view and --timeline go with --target")
     if args.command not in ("cutover", "sql", "version", "explain") and not from_table and not args.replica:
@@ -190,6 +197,13 @@ def _hydration(view: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.command == "explain" and args.config:
+        from mvsink.desired.choose import explain as explain_view
+        from mvsink.spark import spark_session
+        from mvsink.view import load_config
+
+        print(explain_view(spark_session("mvsink-explain"), load_config(args.config)))
+        return
     if args.command == "explain":
         from mvsink.pipeline import load_pipeline
         from mvsink.pipeline.explain import explain
