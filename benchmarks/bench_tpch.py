@@ -77,7 +77,7 @@ def run(args, workdir: str) -> int:
     from pyspark.sql import functions as F
 
     from mvsink import MaterializedView, SnapshotInput, ViewDefinition
-    from mvsink.read import read_view
+    from mvsink.target.read import read_view
     from mvsink.spark import spark_session
 
     spark = spark_session("mvsink-bench-tpch")
