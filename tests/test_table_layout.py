@@ -251,3 +251,43 @@ def test_a_view_column_named_like_mvsinks_own_is_refused_before_anything_is_writ
     with pytest.raises(ConfigError, match=r"view columns \['_MV_Diff'\] clash with mvsink's reserved prefix _mv_"):
         MaterializedView(spark, view)
     assert latest_version(tgt) is None and latest_version(view.timeline) is None
+
+
+@pytest.mark.parametrize("prune_values", ["one retraction each", "shared"])
+def test_a_files_copies_of_retracted_rows_are_found_by_whole_row_null_safe_equality(prune_values):
+    """The rewrite's search for retracted rows in one file (``rewrite._copies``: vectorized where
+    each retraction has a prune value of its own, in Python otherwise) equals a plain search by
+    Spark's ``<=>`` on every column, over random rows with repeats, nulls, NaN and -0.0."""
+    import math
+    import random
+
+    from mvsink.write.rewrite import COPIES, _copies
+
+    rng = random.Random(7 if prune_values == "shared" else 11)
+    pick = lambda *choices: rng.choice(choices)  # noqa: E731
+    stored = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("n", pa.int32())])
+    file_rows = [(pick(None, *range(12)), pick(None, "a", "b"), pick(None, 0.0, -0.0, 1.5, math.nan), pick(None, 1, 2))
+                 for _ in range(400)]
+    candidates = list(dict.fromkeys(file_rows + [(3, "z", 9.0, 9), (None, "absent", None, None)]))
+    rng.shuffle(candidates)
+    if prune_values == "one retraction each":
+        seen, retracted = set(), []
+        for row in candidates:
+            if row[0] not in seen:
+                seen.add(row[0])
+                retracted.append(row)
+    else:
+        retracted = candidates[:60]
+    columns = list(zip(*file_rows))
+    rows = pa.table({f.name: pa.array(c, f.type) for f, c in zip(stored, columns)})
+    wanted = pa.table({f.name: pa.array([r[i] for r in retracted], f.type) for i, f in enumerate(stored)})
+    wanted = wanted.append_column(COPIES, pa.array([1] * len(retracted), pa.int64()))
+
+    def same(a, b):  # Spark's <=>: null equals null, NaN equals NaN, -0.0 equals 0.0
+        return all(x is None and y is None or x is not None and y is not None and
+                   (x == y or isinstance(x, float) and math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+
+    expected = {r: [p for p, row in enumerate(file_rows) if same(row, want)] for r, want in enumerate(retracted)}
+    expected = {r: ps for r, ps in expected.items() if ps}
+    assert expected and any(len(ps) > 1 for ps in expected.values())  # the search has repeats to find
+    assert _copies(rows, wanted, "id") == expected

@@ -401,8 +401,9 @@ def _copies(rows: pa.Table, wanted: pa.Table, prune_column: str) -> dict[int, li
     """Retraction index -> positions in ``rows`` of that row's copies, in file order.
 
     Candidates are narrowed column by column with a vectorized membership test (nulls match
-    nulls), then compared whole in Python, with NaN equal to NaN as Spark's null-safe equality
-    has it."""
+    nulls), then compared whole, null equal to null and NaN to NaN as Spark's null-safe equality
+    has it: column by column against the one retraction of their prune value where no two
+    retractions share one (:func:`_copies_by_prune_value`), else in Python."""
     columns = [c for c in wanted.column_names if c != COPIES]
     order = [prune_column] + [c for c in columns if c != prune_column]
     positions = np.arange(rows.num_rows)
@@ -415,6 +416,12 @@ def _copies(rows: pa.Table, wanted: pa.Table, prune_column: str) -> dict[int, li
         except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
             continue
         positions = positions[mask.to_numpy(zero_copy_only=False)]
+    prune_values = wanted.column(prune_column)
+    if pc.count_distinct(prune_values, mode="all").as_py() == wanted.num_rows:
+        try:
+            return _copies_by_prune_value(rows, wanted, columns, prune_column, positions)
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            pass  # a type the kernels cannot compare: whole rows in Python
     index = {}
     for r, key in enumerate(_keys(wanted.select(columns))):
         if index.setdefault(key, r) != r:
@@ -425,6 +432,39 @@ def _copies(rows: pa.Table, wanted: pa.Table, prune_column: str) -> dict[int, li
         if r is not None:
             found.setdefault(r, []).append(position)
     return found
+
+
+def _copies_by_prune_value(rows: pa.Table, wanted: pa.Table, columns: list[str], prune_column: str,
+                           positions: np.ndarray) -> dict[int, list[int]]:
+    """:func:`_copies` where each retraction has a prune value of its own (as a keyed view's
+    retractions have): each candidate is paired with the retraction of its prune value, and the
+    pairs are compared column by column with Arrow's kernels."""
+    candidates = rows.select(columns).take(positions)
+    paired = pc.index_in(candidates.column(prune_column), value_set=wanted.column(prune_column), skip_nulls=False)
+    has_pair = pc.is_valid(paired).to_numpy(zero_copy_only=False)
+    positions, candidates = positions[has_pair], candidates.filter(pa.array(has_pair))
+    retraction = paired.filter(pa.array(has_pair)).to_numpy(zero_copy_only=False)
+    mine = wanted.select(columns).take(pa.array(retraction))
+    same = np.ones(len(positions), dtype=bool)
+    for column in columns:
+        if column != prune_column and len(positions):
+            same &= _equal_null_safe(candidates.column(column), mine.column(column))
+    found: dict[int, list[int]] = {}
+    for position, r in zip(positions[same].tolist(), retraction[same].tolist()):
+        found.setdefault(r, []).append(position)
+    return found
+
+
+def _equal_null_safe(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
+    """``a == b`` element by element, null equal to null and NaN to NaN (Spark's ``<=>``); raises
+    Arrow's not-implemented error for types its kernels cannot compare (lists, structs, maps)."""
+    if pa.types.is_nested(a.type):
+        raise pa.ArrowNotImplementedError(f"no vectorized comparison of {a.type}")
+    same = pc.fill_null(pc.equal(a, b), False)
+    same = pc.or_(same, pc.and_(pc.is_null(a), pc.is_null(b)))
+    if pa.types.is_floating(a.type):
+        same = pc.or_(same, pc.fill_null(pc.and_(pc.is_nan(a), pc.is_nan(b)), False))
+    return same.to_numpy(zero_copy_only=False)
 
 
 def _keys(table: pa.Table):
