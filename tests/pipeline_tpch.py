@@ -102,15 +102,21 @@ MIXED_VIEWS = {
 }
 
 
-def write_pipeline(spark, root: Path, *, gold: str = GOLD, python: bool = False) -> dict[str, str]:
-    """The sources (created, with a few rows) and the pipeline folder at ``root``; the sources' paths."""
+def write_pipeline(spark, root: Path, *, gold: str = GOLD, python: bool = False,
+                   tpch_scale: float | None = None) -> dict[str, str]:
+    """The sources and the pipeline folder at ``root``; the sources' paths. The sources hold a few
+    rows, or with ``tpch_scale`` the TPC-H tables ``tpchgen-cli`` generates at that scale (their
+    columns of :data:`TABLES`, prices in whole units)."""
     sources = {name: str(root / "data" / name) for name in TABLES}
-    create_source(spark, sources["nation"], [(0, "NL"), (1, "FR"), (2, "DE")], TABLES["nation"])
-    create_source(spark, sources["customer"], [(i, f"c{i}", i % 3) for i in range(1, 7)], TABLES["customer"])
-    create_source(spark, sources["orders"], [(10 + i, 1 + i % 6, "O" if i % 2 else "F", 100 * i) for i in range(8)],
-                  TABLES["orders"])
-    create_source(spark, sources["lineitem"], [(10 + i, j, 1 + i + j, 10 * (i + j), "NRA"[(i + j) % 3])
-                                               for i in range(8) for j in range(1, 3)], TABLES["lineitem"])
+    if tpch_scale is not None:
+        _tpch_sources(spark, root / "tpch", sources, tpch_scale)
+    else:
+        create_source(spark, sources["nation"], [(0, "NL"), (1, "FR"), (2, "DE")], TABLES["nation"])
+        create_source(spark, sources["customer"], [(i, f"c{i}", i % 3) for i in range(1, 7)], TABLES["customer"])
+        create_source(spark, sources["orders"], [(10 + i, 1 + i % 6, "O" if i % 2 else "F", 100 * i)
+                                                 for i in range(8)], TABLES["orders"])
+        create_source(spark, sources["lineitem"], [(10 + i, j, 1 + i + j, 10 * (i + j), "NRA"[(i + j) % 3])
+                                                   for i in range(8) for j in range(1, 3)], TABLES["lineitem"])
     (root / "sql").mkdir(parents=True, exist_ok=True)
     (root / "sql" / "silver.sql").write_text(SILVER)
     (root / "sql" / "gold.sql").write_text(gold)
@@ -124,8 +130,31 @@ def write_pipeline(spark, root: Path, *, gold: str = GOLD, python: bool = False)
     return sources
 
 
-def random_commit(spark, sources: dict[str, str], rng, n: int, next_key: list[int]) -> None:
-    """One commit to one source, chosen at random."""
+def _tpch_sources(spark, generated: Path, sources: dict[str, str], scale: float) -> None:
+    """The four sources from ``tpchgen-cli``'s Parquet files at ``scale``, as Delta tables."""
+    import shutil
+    import subprocess
+    import sys
+
+    cli = shutil.which("tpchgen-cli") or str(Path(sys.executable).parent / "tpchgen-cli")
+    subprocess.run([cli, "parquet", "-s", str(scale), "--tables", ",".join(TABLES), "--output-dir", str(generated)],
+                   check=True, capture_output=True)
+    for name, schema in TABLES.items():
+        create_source(spark, sources[name], schema=schema)
+        columns = [c.split()[0] for c in schema.split(", ")]
+        types = dict(c.split() for c in schema.split(", "))
+        (spark.read.parquet(str(generated / f"{name}.parquet"))
+         .selectExpr(*(f"CAST({c} AS {types[c]}) AS {c}" for c in columns))
+         .write.format("delta").mode("append").save(sources[name]))
+
+
+#: The first key of new customers and new nations, for the few rows :func:`write_pipeline` writes
+#: and for the TPC-H tables (whose keys are below these).
+NEW_KEYS = {"few": (7, 3), "tpch": (10_000_000, 1_000)}
+
+
+def random_commit(spark, sources: dict[str, str], rng, n: int, next_key: list[int], new_keys=NEW_KEYS["few"]) -> None:
+    """One commit to one source, chosen at random (new customers and nations from ``new_keys``)."""
     op = rng.choice(["order", "order", "lines", "customer", "rename", "status", "cancel", "drop-lines", "nation"])
     if op == "order":
         key = next_key[0]
@@ -137,7 +166,7 @@ def random_commit(spark, sources: dict[str, str], rng, n: int, next_key: list[in
         insert(spark, sources["lineitem"], [(rng.randint(10, next_key[0]), 10 + n, rng.randint(1, 9),
                                              rng.randint(1, 300), rng.choice("NRA"))])
     elif op == "customer":
-        insert(spark, sources["customer"], [(7 + n, f"c{7 + n}", rng.randint(0, 3))])
+        insert(spark, sources["customer"], [(new_keys[0] + n, f"c{new_keys[0] + n}", rng.randint(0, 3))])
     elif op == "rename":
         spark.sql(f"UPDATE delta.`{sources['customer']}` SET c_name = concat(c_name, '+') WHERE c_custkey % 3 = {n % 3}")
     elif op == "status":
@@ -147,7 +176,7 @@ def random_commit(spark, sources: dict[str, str], rng, n: int, next_key: list[in
     elif op == "drop-lines":
         spark.sql(f"DELETE FROM delta.`{sources['lineitem']}` WHERE l_linenumber % 3 = {n % 3}")
     else:
-        insert(spark, sources["nation"], [(3 + n, f"N{n}")])
+        insert(spark, sources["nation"], [(new_keys[1] + n, f"N{n}")])
 
 
 class Independent:

@@ -19,7 +19,7 @@ import pytest
 
 from pyspark.sql import types as T
 
-from pipeline_tpch import (MIXED_VIEWS, PYTHON, TABLES, VIEWS, Independent, random_commit, view_rows_at, views_agree,
+from pipeline_tpch import (MIXED_VIEWS, NEW_KEYS, PYTHON, TABLES, VIEWS, Independent, random_commit, view_rows_at, views_agree,
                            write_pipeline)
 from helpers import Replica, create_source, wait_for
 from mvsink import MaterializedView
@@ -110,11 +110,12 @@ def test_bad_input_is_refused_with_its_file_and_line_and_nothing_written(spark, 
     assert not (tmp_path / "views").exists()
 
 
-def _run(spark, sources, views, rng, commits: int) -> None:
-    """``commits`` random source commits, the views stepped in random order after every other one."""
-    next_key = [100]
+def _run(spark, sources, views, rng, commits: int, tpch: bool = False) -> None:
+    """``commits`` random source commits (new keys above the TPC-H tables' with ``tpch``), the
+    views stepped in random order after every other one."""
+    next_key = [10_000_000 if tpch else 100]
     for n in range(commits):
-        random_commit(spark, sources, rng, n, next_key)
+        random_commit(spark, sources, rng, n, next_key, NEW_KEYS["tpch" if tpch else "few"])
         if n % 2:                            # two source commits on one time, sometimes
             continue
         for view in rng.sample(views, len(views)):   # any order: no view waits for another
@@ -124,8 +125,9 @@ def _run(spark, sources, views, rng, commits: int) -> None:
 
 
 def test_a_pipeline_in_one_session_is_exact_at_every_time_and_consistent(spark, tmp_path, capsys):
+    """Over TPC-H's tables as ``tpchgen-cli`` generates them (scale 0.01: 60,175 lineitems)."""
     rng = random.Random(27)
-    sources = write_pipeline(spark, tmp_path)
+    sources = write_pipeline(spark, tmp_path, tpch_scale=0.01)
     pipeline = load_pipeline(spark, tmp_path)
     assert pipeline.graph.order.index("nation_revenue") > pipeline.graph.order.index("customer_revenue")
     assert {v: pipeline.graph.level(v) for v in VIEWS} == {
@@ -133,7 +135,8 @@ def test_a_pipeline_in_one_session_is_exact_at_every_time_and_consistent(spark, 
         "customer_revenue": 1, "returns_by_flag": 1, "nation_revenue": 2}
     views = [MaterializedView(spark, view_from_spec(spec, read_only=False, replica_id="r1"))
              for spec in pipeline.view_specs()]
-    _run(spark, sources, views, rng, 6)
+    assert spark.read.format("delta").load(sources["lineitem"]).count() == 60_175
+    _run(spark, sources, views, rng, 6, tpch=True)
 
     independent = Independent(tmp_path, sources, pipeline.config.timeline)
     targets = pipeline.config.targets
