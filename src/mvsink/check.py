@@ -11,8 +11,8 @@ range once (each commit's lower is the previous upper: no duplicates, no gaps).
 A target in the table layout holds the view's rows: every version made by a commit of the view
 for `[lower, upper)` must read (plain rows, as any Delta reader sees them) as ``expected(t)`` for
 every `t` in `[lower, upper)`, with no error update in the error files it lists; versions made by
-foreign commits, and a commit that landed on a foreign commit it had not read, are not the view's
-and are counted apart (:attr:`CheckResult.foreign_versions`).
+foreign commits, a commit that landed on a foreign commit it had not read, and a compaction of such a
+commit are not the view's and are counted apart (:attr:`CheckResult.foreign_versions`).
 """
 
 from __future__ import annotations
@@ -194,19 +194,26 @@ def _check_rows(target: str, view_id: str, columns: list[str], expected: Callabl
     result = CheckResult(commits=_mvsink_commits(target, view_id))
     _check_contiguous(result)
     foreign: list[int] = []
+    not_the_view: set[int] = set()  # foreign versions, and the view's commits that hold a foreign change
     for version in range(0, table_at(target).version() + 1):
         info = commit_info(target, version)
         if info.get("mvsink.view") != view_id:
             if info.get("operation") not in CONTENT_PRESERVING:
                 foreign.append(version)
+                not_the_view.add(version)
                 if version >= from_version:
                     result.foreign_versions.append(version)
             continue
         lower, upper = int(info["mvsink.lower"]), int(info["mvsink.upper"])
-        if info.get("mvsink.reason") == "advance-upper" or version < from_version or upper <= as_of:
-            continue
-        if any(int(info.get("mvsink.readback", -1)) < f < version for f in foreign):
+        readback = int(info.get("mvsink.readback", -1))
+        tainted = (any(readback < f < version for f in foreign)
+                   or info.get("mvsink.reason") == "compaction" and readback in not_the_view)
+        if tainted:
+            not_the_view.add(version)  # a compaction holds the rows of the version it rearranged
+        skipped = info.get("mvsink.reason") == "advance-upper" or version < from_version or upper <= as_of
+        if tainted and not skipped:
             result.foreign_versions.append(version)
+        if tainted or skipped:
             continue
         times = range(max(lower, as_of), upper) if lower < upper else [upper - 1]
         table = table_at(target, version)
