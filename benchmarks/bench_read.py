@@ -5,7 +5,10 @@ versions each update ``--change-fraction`` of its rows at random (with ``--inser
 each step also inserts and deletes a tenth of that many rows, in versions of their own), and an
 mvsink view of the source keyed by ``id`` follows every version (in the table layout, the default; with ``--with-updates-layout``
 also a second view in the update layout, for the figures before it). Then the view's latest rows
-are read, and the same rows in a plain Delta table written by overwrite:
+are read, and the same rows in two plain Delta tables: one written once by overwrite at the end (no
+history), and one overwritten with the source's rows at every step, as a user who keeps the view by
+overwrite has it (its log as long as the view's: the cost of replaying a log of that many versions
+falls on both alike):
 
 * Spark: ``count(*)`` and ``sum(amount)`` over every row, and the row of one key;
 * DuckDB (``delta_scan`` of the ``duckdb-ext-delta`` package): the same two queries.
@@ -70,29 +73,29 @@ def run(args, workdir: str) -> int:
     from helpers import duckdb_with_delta
 
     spark = spark_session("mvsink-bench-read")
-    source, table_view, updates_view, plain = (os.path.join(workdir, n) for n in ("source", "view", "updates", "plain"))
+    source, table_view, updates_view, plain, overwritten = (
+        os.path.join(workdir, n) for n in ("source", "view", "updates", "plain", "overwritten"))
     write_seconds: dict[str, list[float]] = {}
     most_files = None
     if not args.reads_only:
-        write_seconds, most_files = build(args, spark, source, table_view, updates_view, plain)
+        write_seconds, most_files = build(args, spark, source, table_view, updates_view, plain, overwritten)
     key = args.rows // 2 + 7
     con = duckdb_with_delta()
     full_sql = "SELECT count(*), sum(amount) FROM ({})"
     key_sql = f"SELECT * FROM ({{}}) WHERE id = {key}"
-    readers = {
-        "plain table": {
-            "spark, every row": lambda: tuple(spark.read.format("delta").load(plain).agg(F.count("*"), F.sum("amount")).first()),
-            "spark, one key": lambda: tuple(spark.read.format("delta").load(plain).where(F.col("id") == key).first()),
-            "duckdb, every row": lambda: con.sql(full_sql.format(f"SELECT * FROM delta_scan('{plain}')")).fetchone(),
-            "duckdb, one key": lambda: con.sql(key_sql.format(f"SELECT * FROM delta_scan('{plain}')")).fetchone(),
-        },
-        "mvsink, table layout": {
-            "spark, every row": lambda: tuple(spark.read.format("delta").load(table_view).agg(F.count("*"), F.sum("amount")).first()),
-            "spark, one key": lambda: tuple(spark.read.format("delta").load(table_view).where(F.col("id") == key).first()),
-            "duckdb, every row": lambda: con.sql(full_sql.format(f"SELECT * FROM delta_scan('{table_view}')")).fetchone(),
-            "duckdb, one key": lambda: con.sql(key_sql.format(f"SELECT * FROM delta_scan('{table_view}')")).fetchone(),
-        },
-    }
+
+    def table_reads(path: str) -> dict:
+        return {
+            "spark, every row": lambda: tuple(spark.read.format("delta").load(path).agg(F.count("*"), F.sum("amount")).first()),
+            "spark, one key": lambda: tuple(spark.read.format("delta").load(path).where(F.col("id") == key).first()),
+            "duckdb, every row": lambda: con.sql(full_sql.format(f"SELECT * FROM delta_scan('{path}')")).fetchone(),
+            "duckdb, one key": lambda: con.sql(key_sql.format(f"SELECT * FROM delta_scan('{path}')")).fetchone(),
+        }
+
+    readers = {"plain table": table_reads(plain)}
+    if os.path.isdir(overwritten):  # (a run before it was kept has none)
+        readers["plain, overwritten each step"] = table_reads(overwritten)
+    readers["mvsink, table layout"] = table_reads(table_view)
     if args.with_updates_layout:
         readers["mvsink, update layout"] = {
             "spark, every row": lambda: tuple(read_view(spark, updates_view, "bench").agg(F.count("*"), F.sum("amount")).first()),
@@ -116,6 +119,7 @@ def run(args, workdir: str) -> int:
             medians.setdefault(name, {})[what] = statistics.median(times[name])
     files = {name: len(DeltaTable(path).file_uris()) for name, path in
              [("plain table", plain), ("mvsink, table layout", table_view)]
+             + ([("plain, overwritten each step", overwritten)] if os.path.isdir(overwritten) else [])
              + ([("mvsink, update layout", updates_view)] if args.with_updates_layout else [])}
     print("\n=== reading the view's latest rows against a plain Delta table of the same rows ===")
     print(f"machine: {machine()}")
@@ -125,8 +129,8 @@ def run(args, workdir: str) -> int:
           + (f"; the table layout held at most {most_files} files over the run" if most_files is not None
              else "; reads only, of the tables an earlier run left"))
     if write_seconds:
-        print("writes per version, p50: " + ", ".join(f"{layout} layout {statistics.median(s):.2f}s"
-                                                      for layout, s in write_seconds.items()))
+        print("writes per version, p50: " + ", ".join(f"{what} {statistics.median(s):.2f}s"
+                                                      for what, s in write_seconds.items()))
     print(f"{'read (median of ' + str(args.repeat) + ')':24}" + "".join(f"{n:>28}" for n in readers))
     same = True
     for what in readers["plain table"]:
@@ -135,15 +139,20 @@ def run(args, workdir: str) -> int:
         agree = len(set(answers[what].values())) == 1
         same = same and agree
         print(f"{what:24}{cells}{'' if agree else '  ANSWERS DIFFER: ' + str(answers[what])}")
+    if "plain, overwritten each step" in readers:
+        print("mvsink against the plain table overwritten at each step (same log length): " + ", ".join(
+            f"{what} {medians['mvsink, table layout'][what] / medians['plain, overwritten each step'][what]:.2f}x"
+            for what in readers["plain table"]))
     print(f"answers identical: {same}")
     spark.stop()
     return 0 if same else 1
 
 
-def build(args, spark, source: str, table_view: str, updates_view: str, plain: str):
-    """The source, its ``--steps`` versions, the views following them, and the plain table of the
-    view's rows at the end; returns the seconds each layout took per version and the most files
-    the table layout held."""
+def build(args, spark, source: str, table_view: str, updates_view: str, plain: str, overwritten: str):
+    """The source, its ``--steps`` versions, the views following them, the table ``overwritten``
+    with the source's rows at every version, and the plain table of the view's rows at the end;
+    returns the seconds each layout (and overwrite) took per version and the most files the table
+    layout held."""
     from pyspark.sql import functions as F
 
     from mvsink import ChangesInput, MaterializedView, ViewDefinition
@@ -161,7 +170,7 @@ def build(args, spark, source: str, table_view: str, updates_view: str, plain: s
         views.append(MaterializedView(spark, ViewDefinition("bench", updates_view, ChangesInput(source), key=("id",),
                                                             replica_id="bench", layout="updates")))
     modulus = int(round(1 / args.change_fraction))
-    write_seconds = {v.layout: [] for v in views}
+    write_seconds = {f"{v.layout} layout": [] for v in views} | {"overwrite": []}
     most_files = 0
     for i in range(args.steps + 1):
         if i:
@@ -177,11 +186,15 @@ def build(args, spark, source: str, table_view: str, updates_view: str, plain: s
             started = time.monotonic()
             view.run_until_caught_up()
             if i:
-                write_seconds[view.layout].append(time.monotonic() - started)
+                write_seconds[f"{view.layout} layout"].append(time.monotonic() - started)
+        started = time.monotonic()
+        spark.read.format("delta").load(source).write.format("delta").mode("overwrite").save(overwritten)
+        if i:
+            write_seconds["overwrite"].append(time.monotonic() - started)
         most_files = max(most_files, len(DeltaTable(table_view).file_uris()))
         if i % 10 == 0:
-            print(f"step {i}: " + ", ".join(f"{layout} layout p50 {statistics.median(s):.2f}s per version"
-                                           for layout, s in write_seconds.items() if s)
+            print(f"step {i}: " + ", ".join(f"{what} p50 {statistics.median(s):.2f}s per version"
+                                           for what, s in write_seconds.items() if s)
                   + f"; table layout: {len(DeltaTable(table_view).file_uris())} files (at most {most_files})",
                   flush=True)
     spark.read.format("delta").load(table_view).write.format("delta").mode("overwrite").save(plain)

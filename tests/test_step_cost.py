@@ -38,6 +38,9 @@ def test_own_commit_is_adopted_and_a_caught_up_step_runs_no_spark_job(spark, tmp
     text = render({"cheap": mv})
     assert 'mvsink_phase_seconds_total{view="cheap",replica="r1",phase="staging"}' in text
     assert 'mvsink_phase_spark_jobs_total{view="cheap",replica="r1",phase="input"}' in text
+    # the hydration and the change feed's step, counted by strategy
+    assert 'mvsink_steps_by_strategy_total{view="cheap",replica="r1",strategy="hydration"} 1' in text
+    assert 'mvsink_steps_by_strategy_total{view="cheap",replica="r1",strategy="change feed"} 1' in text
     result = check_table(tgt, "cheap", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=mv.view.timeline))
     assert result.ok, result.problems
 

@@ -45,6 +45,8 @@ METRICS = {
     "mvsink_fenced": ("gauge", "1 once another definition of the view holds the fence: this replica never writes again."),
     "mvsink_phase_seconds_total": ("counter", "Seconds spent in each phase of the steps (see mvsink.step_profile)."),
     "mvsink_phase_spark_jobs_total": ("counter", "Spark jobs run in each phase of the steps."),
+    "mvsink_steps_by_strategy_total": ("counter", "Steps that computed changes of the view, by how (row-wise, linear "
+                                                  "aggregate, inner join, change feed, full evaluation, hydration)."),
     "mvsink_hydrating": ("gauge", "1 while a hydration runs."),
     "mvsink_hydration_started_seconds": ("gauge", "Unix time the running hydration started (0: none runs)."),
     "mvsink_hydration_elapsed_seconds": ("gauge", "Seconds the running hydration has taken so far (0: none runs)."),
@@ -69,6 +71,7 @@ class ViewMetrics:
     step_seconds: float = 0.0
     phase_seconds: dict[str, float] = field(default_factory=dict)
     phase_spark_jobs: dict[str, int] = field(default_factory=dict)
+    strategy_steps: dict[str, int] = field(default_factory=dict)
     _errors: int = 0
     _errors_of: tuple[str, ...] = ()
 
@@ -91,6 +94,8 @@ class ViewMetrics:
         for phase, seconds in report.phase_seconds.items():
             self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
             self.phase_spark_jobs[phase] = self.phase_spark_jobs.get(phase, 0) + report.spark_jobs.get(phase, 0)
+        if report.strategy:
+            self.strategy_steps[report.strategy] = self.strategy_steps.get(report.strategy, 0) + 1
         if report.appended is True:
             self.commits_won += 1
             self.repairs += report.repairs
@@ -122,6 +127,9 @@ def render(views: dict) -> str:
             samples["mvsink_phase_seconds_total"].append(f"mvsink_phase_seconds_total{{{phase_labels}}} {seconds:.3f}")
             samples["mvsink_phase_spark_jobs_total"].append(
                 f"mvsink_phase_spark_jobs_total{{{phase_labels}}} {m.phase_spark_jobs[phase]}")
+        for strategy, steps in sorted(m.strategy_steps.items()):
+            samples["mvsink_steps_by_strategy_total"].append(
+                f'mvsink_steps_by_strategy_total{{{labels},strategy="{strategy}"}} {steps}')
         for source, (lag, seconds) in source_lag(mv.view.sources, mv.timeline.last()).items():
             source_labels = f'{labels},source="{source}"'
             samples["mvsink_source_lag_versions"].append(f"mvsink_source_lag_versions{{{source_labels}}} {lag}")

@@ -35,11 +35,12 @@ shape, are evaluated in full.
 from __future__ import annotations
 
 import datetime
+import json
 from decimal import Decimal
-from functools import reduce
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from mvsink.desired.row_wise import plan_reads_subqueries
 
@@ -153,16 +154,27 @@ def _equalities(plan) -> list[tuple[int, int]]:
     return found
 
 
-def key_ranges(change: DataFrame, columns: list[str], small: bool) -> dict[str, list[tuple]]:
+def key_sets(columns: list[str]) -> list:
+    """Aggregates of each of ``columns``' distinct values, sorted, as JSON text: what
+    :func:`key_ranges` cuts a small change's ranges from (observed by the Spark job that holds
+    the change, whose metrics reach Python as text, not as typed values)."""
+    return [F.to_json(F.sort_array(F.collect_set(c))) for c in columns]
+
+
+def key_ranges(change: DataFrame, columns: list[str], small: bool, sets: list | None = None) -> dict[str, list[tuple]]:
     """For each of ``columns``: closed ranges ``(least, greatest)`` covering every non-null value
     of it in ``change`` (at most :data:`MOST_RANGES`, cut at the widest gaps between its distinct
     values; one range where they are more than :data:`MOST_KEYS` or not numbers or dates; none
-    where there is none). A ``small`` change's distinct values of every column are collected by
-    one Spark job; a larger change's by one bounded job per column (and one more for a column
-    with more values)."""
+    where there is none). A ``small`` change's distinct values of every column are ``sets`` (of
+    :func:`key_sets`) where given, else collected by one Spark job; a larger change's by one
+    bounded job per column (and one more for a column with more values)."""
     if small:
-        values = change.agg(*[F.sort_array(F.collect_set(c)) for c in columns]).first()
-        return {c: _cut(list(v)) if len(v) <= MOST_KEYS else [(v[0], v[-1])] for c, v in zip(columns, values)}
+        sets = sets if sets is not None else change.agg(*key_sets(columns)).first()
+        ranges = {}
+        for column, text in zip(columns, sets):
+            values = _values(text, change.schema[column].dataType)
+            ranges[column] = _cut(values) if len(values) <= MOST_KEYS else [(values[0], values[-1])]
+        return ranges
     ranges = {}
     for column in columns:
         keys = change.select(column).where(F.col(column).isNotNull()).distinct().limit(MOST_KEYS + 1)
@@ -170,6 +182,16 @@ def key_ranges(change: DataFrame, columns: list[str], small: bool) -> dict[str, 
         ranges[column] = (_cut(values) if len(values) <= MOST_KEYS
                           else [tuple(change.agg(F.min(column), F.max(column)).first())])
     return ranges
+
+
+def _values(text: str, data_type: T.DataType) -> list:
+    """The values of :func:`key_sets`' JSON ``text`` of a column of ``data_type``, in Python's types."""
+    values = json.loads(text, parse_float=Decimal)
+    if isinstance(data_type, T.DateType):
+        return [datetime.date.fromisoformat(v) for v in values]
+    if isinstance(data_type, T.DecimalType):
+        return [Decimal(v) for v in values]
+    return values
 
 
 def _cut(values: list) -> list[tuple]:
@@ -187,16 +209,32 @@ def _cut(values: list) -> list[tuple]:
 
 def pruned(rows: DataFrame, column: str, ranges: list[tuple]) -> DataFrame:
     """``rows`` where ``column`` lies in one of ``ranges`` (none: no row), as a filter Delta's
-    data skipping and Parquet's row group filters read (literals of the column's type)."""
+    data skipping and Parquet's row group filters read (literals of the column's type). Built as
+    one SQL expression: a Column per bound would cost a round trip to the JVM each."""
+    if not ranges:
+        return rows.where(F.lit(False))
     data_type = rows.schema[column].dataType
-    column_ = F.col(column)
+    name = "`" + column.replace("`", "``") + "`"
 
-    def within(least, greatest) -> Column:
+    def within(least, greatest) -> str:
         if least == greatest:
-            return column_ == F.lit(least).cast(data_type)
-        return (column_ >= F.lit(least).cast(data_type)) & (column_ <= F.lit(greatest).cast(data_type))
+            return f"{name} = {_literal(least, data_type)}"
+        return f"({name} >= {_literal(least, data_type)} AND {name} <= {_literal(greatest, data_type)})"
 
-    return rows.where(reduce(Column.__or__, [within(*r) for r in ranges]) if ranges else F.lit(False))
+    return rows.where(F.expr(" OR ".join(within(*r) for r in ranges)))
+
+
+def _literal(value, data_type: T.DataType) -> str:
+    """``value`` (of a :data:`_RANGED_TYPES` or decimal column) as a SQL literal of ``data_type``."""
+    if isinstance(value, str):
+        text = "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    elif isinstance(value, datetime.date):
+        text = f"DATE'{value.isoformat()}'"
+    elif isinstance(value, Decimal):  # exact in its text
+        text = f"'{value}'"
+    else:
+        text = str(int(value))
+    return f"CAST({text} AS {data_type.simpleString()})"
 
 
 def _items(seq) -> list:

@@ -64,11 +64,27 @@ class LinearAggregate:
 
     def aggregate_input(self, result: DataFrame) -> DataFrame:
         """The rows the ``Aggregate`` of ``result`` (this query over some rows) groups: its
-        row-wise input, as a DataFrame."""
-        plan = result._jdf.queryExecution().optimizedPlan()
+        row-wise input, as a DataFrame.
+
+        Taken from the analyzed plan where its top is that ``Aggregate`` and its input has each
+        column the aggregate reads under its name, once: then the input is optimized once, with
+        whatever it becomes part of (a step's terms are one plan; optimizing a term alone costs
+        its scans' data skipping again). Otherwise from the optimized plan, whose ``Aggregate``
+        this shape was read from."""
+        execution = result._jdf.queryExecution()
+        plan = execution.analyzed()
+        if plan.nodeName() != "Aggregate" or not self._reads_by_name(plan.child()):
+            plan = execution.optimizedPlan()
         spark = result.sparkSession
         jvm = spark.sparkContext._jvm
         return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, plan.child()), spark)
+
+    def _reads_by_name(self, plan) -> bool:
+        """Whether ``plan``'s output has each grouping and aggregated column once (by Spark's
+        case-insensitive resolution)."""
+        names = [name.lower() for name in _attribute_names(plan)]
+        read = {*self.groups, *(o.column for o in self.outputs if o.kind != "group" and o.column)}
+        return all(names.count(name.lower()) == 1 for name in read)
 
     @property
     def rows_are_distinct(self) -> bool:

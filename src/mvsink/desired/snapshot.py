@@ -34,7 +34,7 @@ from pyspark.sql import types as T
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.changes import NET, Changes, SourceRead, delta_reads, feed_is_small, held_changes, unreadable
-from mvsink.desired.join import is_inner_join, join_keys, key_ranges, pruned, reads_each_once
+from mvsink.desired.join import is_inner_join, join_keys, key_ranges, key_sets, pruned, reads_each_once
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
 from mvsink.desired.refresh import unmaintained_operator
@@ -46,7 +46,7 @@ from mvsink.view import ConfigError, SnapshotInput, ViewDefinition, ViewQuery, s
 
 log = logging.getLogger(__name__)
 
-_MOVED, _SOURCE_KEYS = "mvsink_moved_groups", "mvsink_source_keys"
+_MOVED, _SOURCE_KEYS, _FEED_KEYS = "mvsink_moved_groups", "mvsink_source_keys", "mvsink_feed_keys"
 #: The most groups a linear aggregate's state may have to be moved in one task (see
 #: :meth:`SnapshotDesired._aggregate_changes`).
 ONE_TASK_GROUPS = 100_000
@@ -292,12 +292,16 @@ class SnapshotDesired(Desired):
                 continue
             feed, first, last = self._feed(times, name)
             is_small = feed_is_small(self.sources[name], first, last)
-            held = feed.localCheckpoint(eager=True)
+            columns = sorted({column for pairs in self._join_keys.get(name, {}).values() for column, _ in pairs})
+            if is_small and columns:  # the keys observed by the job that holds the change
+                held, sets = held_observing(feed, f"{_FEED_KEYS}_{len(feeds)}", *key_sets(columns))
+            else:
+                held, sets = feed.localCheckpoint(eager=True), None
             feeds[name] = F.broadcast(held) if is_small and len(self.sources) > 1 else held
             small = small and is_small
-            columns = sorted({column for pairs in self._join_keys.get(name, {}).values() for column, _ in pairs})
             if columns:
-                ranges.update({(name, column): cut for column, cut in key_ranges(held, columns, is_small).items()})
+                ranges.update({(name, column): cut
+                               for column, cut in key_ranges(held, columns, is_small, sets).items()})
         return feeds, small, ranges
 
     def _change_terms(self, time: int, feeds: dict[str, DataFrame],
