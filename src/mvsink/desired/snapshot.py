@@ -22,8 +22,9 @@ the sources at each time, whatever the views are (SQL or Python functions).
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import reduce
 
 from pyspark.errors import AnalysisException, ParseException
@@ -50,6 +51,20 @@ _MOVED, _SOURCE_KEYS, _FEED_KEYS = "mvsink_moved_groups", "mvsink_source_keys", 
 #: The most groups a linear aggregate's state may have to be moved in one task (see
 #: :meth:`SnapshotDesired._aggregate_changes`).
 ONE_TASK_GROUPS = 100_000
+
+
+@dataclass
+class SourceFeeds:
+    """The changes of a step's sources (:meth:`SnapshotDesired._source_feeds`)."""
+
+    #: Each moving source's changes (its columns, ``TIME``, ``DIFF``), held.
+    rows: dict[str, DataFrame]
+    #: Whether every change is small (one task holds it).
+    small: bool
+    #: The ranges of each change's join keys, by source and column.
+    ranges: dict[tuple[str, str], list[tuple]]
+    #: Each change's ``(time, diff)`` pairs that have rows.
+    present: dict[str, set[tuple[int, int]]]
 
 
 class SnapshotDesired(Desired):
@@ -261,9 +276,9 @@ class SnapshotDesired(Desired):
     def _join_changes(self, times: list[int]) -> Changes:
         """The terms of the query's change at each time (:meth:`_change_terms`), from each
         source's changes held, consolidated."""
-        feeds, _, ranges = self._source_feeds(times)
+        feeds = self._source_feeds(times)
         parts = [self._as_updates(result, time, diff)
-                 for time in times for diff, result in self._change_terms(time, feeds, ranges)]
+                 for time in times for diff, result in self._change_terms(time, feeds)]
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         changes = held_changes(updates, times[0], self.view.key, reads=True)
         return replace(changes, reads=self._named(changes.reads))
@@ -278,12 +293,14 @@ class SnapshotDesired(Desired):
         return tuple(replace(read, table=paths.get(read.table.rstrip("/").removeprefix("file:"), read.table))
                      for read in reads)
 
-    def _source_feeds(self, times: list[int]) -> tuple[dict[str, DataFrame], bool, dict[tuple[str, str], list]]:
+    def _source_feeds(self, times: list[int]) -> SourceFeeds:
         """Each source's changes at ``times`` (of those whose version moves), held (read once
         for all the times), and where several sources are joined, a small change broadcast to
-        the joins; whether every change is small; and the ranges of each change's join keys
-        (by source and column) the other sides are read in (:func:`~mvsink.desired.join.key_ranges`)."""
-        feeds, small, ranges = {}, True, {}
+        the joins; whether every change is small; the ranges of each change's join keys (by
+        source and column) the other sides are read in (:func:`~mvsink.desired.join.key_ranges`);
+        and the times and diffs each change has rows at. What is known of a change is observed
+        by the Spark job that holds it (a small change's join keys too)."""
+        feeds = SourceFeeds({}, True, {}, {})
         before = self.timeline.versions(times[0] - 1)
         self._pinned_reads = {(name, version): rows for (name, version), rows in self._pinned_reads.items()
                               if version >= before[name]}
@@ -293,27 +310,26 @@ class SnapshotDesired(Desired):
             feed, first, last = self._feed(times, name)
             is_small = feed_is_small(self.sources[name], first, last)
             columns = sorted({column for pairs in self._join_keys.get(name, {}).values() for column, _ in pairs})
-            if is_small and columns:  # the keys observed by the job that holds the change
-                held, sets = held_observing(feed, f"{_FEED_KEYS}_{len(feeds)}", *key_sets(columns))
-            else:
-                held, sets = feed.localCheckpoint(eager=True), None
-            feeds[name] = F.broadcast(held) if is_small and len(self.sources) > 1 else held
-            small = small and is_small
+            observed = [F.to_json(F.collect_set(F.array(TIME, DIFF))), *(key_sets(columns) if is_small else [])]
+            held, (present, *sets) = held_observing(feed, f"{_FEED_KEYS}_{len(feeds.rows)}", *observed)
+            feeds.rows[name] = F.broadcast(held) if is_small and len(self.sources) > 1 else held
+            feeds.present[name] = {tuple(pair) for pair in json.loads(present)}
+            feeds.small = feeds.small and is_small
             if columns:
-                ranges.update({(name, column): cut
-                               for column, cut in key_ranges(held, columns, is_small, sets).items()})
-        return feeds, small, ranges
+                feeds.ranges.update({(name, column): cut for column, cut
+                                     in key_ranges(held, columns, is_small, sets if is_small else None).items()})
+        return feeds
 
-    def _change_terms(self, time: int, feeds: dict[str, DataFrame],
-                      ranges: dict[tuple[str, str], list[tuple]]) -> list[tuple[int, DataFrame]]:
+    def _change_terms(self, time: int, feeds: SourceFeeds) -> list[tuple[int, DataFrame]]:
         """The query's change at ``time`` as terms ``(diff, result)``: per source whose version
         moves, the query over its inserted rows (+1) and its deleted rows (-1) and the other
         sources, those before it (in the view's order) at the time's versions, those after it
         at the versions before, each read only where its join keys lie in the ranges of the
-        change's keys (:mod:`mvsink.desired.join`; ``ranges`` holds them by source and column,
-        cut once for all the times of the feeds by :meth:`_source_feeds`; one source: the query
-        over its change alone).
-        A change none of whose rows has a key to join by has no term: its rows join nothing."""
+        change's keys (:mod:`mvsink.desired.join`; ``feeds.ranges`` holds them by source and
+        column, cut once for all the times of the feeds by :meth:`_source_feeds`; one source: the
+        query over its change alone).
+        A change none of whose rows has a key to join by has no term: its rows join nothing; nor
+        has a change with no inserted (or no deleted) rows at ``time`` a term for them."""
         names, terms = list(self.sources), []
         before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
         for i, name in enumerate(names):
@@ -325,12 +341,13 @@ class SnapshotDesired(Desired):
                     continue
                 rows = self._pinned(other, (after if j < i else before)[other])
                 for column, other_column in self._join_keys.get(name, {}).get(other, []):
-                    rows = pruned(rows, other_column, ranges[name, column])
+                    rows = pruned(rows, other_column, feeds.ranges[name, column])
                 others[other] = rows
-            if any(not ranges[name, column] for pairs in self._join_keys.get(name, {}).values()
+            if any(not feeds.ranges[name, column] for pairs in self._join_keys.get(name, {}).values()
                    for column, _ in pairs):
                 continue
-            terms += [(diff, self._query({**others, name: rows})) for diff, rows in self._feed_rows(feeds[name], time)]
+            terms += [(diff, self._query({**others, name: rows})) for diff, rows in self._feed_rows(feeds.rows[name], time)
+                      if (time, diff) in feeds.present[name]]
         return terms
 
     def _pinned(self, name: str, version: int) -> DataFrame:
@@ -355,16 +372,16 @@ class SnapshotDesired(Desired):
             self._hold_state(times[0] - 1)
         # held: read once for all the times, and a query over held rows keeps its Aggregate (over
         # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
-        feeds, small, ranges = self._source_feeds(times)
+        feeds = self._source_feeds(times)
         parts, size, key_moves, executed = [], 0, False, []
         for time in times:
-            terms = self._change_terms(time, feeds, ranges)
+            terms = self._change_terms(time, feeds)
             if not terms:  # no change at this time joins anything: the groups stay
                 self._state_time = time
                 continue
             changed = reduce(DataFrame.unionByName, [
                 groups.rows_as_state(aggregate.aggregate_input(result), diff) for diff, result in terms])
-            one_task = small and self._state_groups <= ONE_TASK_GROUPS
+            one_task = feeds.small and self._state_groups <= ONE_TASK_GROUPS
             combined, (moved, moves, kept) = held_observing(
                 groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement, executed=executed)
             size, key_moves = size + moved, key_moves or moves
