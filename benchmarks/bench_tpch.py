@@ -114,14 +114,16 @@ def generate(scale: float, tables: tuple[str, ...], directory: str) -> None:
                    check=True)
 
 
-def refresh(spark, sources: dict[str, str], round_: int, new_orders: int, deleted_orders: int, orders_count: int) -> int:
+def refresh(spark, sources: dict[str, str], round_: int, new_orders: int, deleted_orders: int,
+            orders_count: int) -> int:
     """One round of refreshes: ``new_orders`` orders copied (spread over the key space) with keys
     above the largest, with their lineitems; the ``deleted_orders`` oldest orders deleted with
     theirs. Only the loaded ones of orders and lineitem are changed (their order keys from
     orders, else from lineitem). Returns the largest order key deleted."""
     from pyspark.sql import functions as F
 
-    tables = {name: spark.read.format("delta").load(sources[name]) for name in ("orders", "lineitem") if name in sources}
+    tables = {name: spark.read.format("delta").load(sources[name])
+              for name in ("orders", "lineitem") if name in sources}
     keys = (tables["orders"].select("o_orderkey") if "orders" in tables
             else tables["lineitem"].select(F.col("l_orderkey").alias("o_orderkey")).distinct())
     top = keys.agg(F.max("o_orderkey")).first()[0]

@@ -2,21 +2,22 @@
 
 A query is a linear aggregate when its optimized logical plan is one ``Aggregate`` that groups by
 columns (at least one) and computes only ``count(*)``, ``count(column)``, and ``sum`` and ``avg`` of
-an integral or decimal column or deterministic expression of its input, over a row-wise query (:mod:`mvsink.desired.row_wise`: projections and filters
-of one scan) or an inner join of several sources (:mod:`mvsink.desired.join`). Each output column
-is a grouping column or one such aggregate.
+an integral or decimal column or expression of its input, over a row-wise query
+(:mod:`mvsink.desired.row_wise`: projections and filters of one scan) or an inner join of several
+sources (:mod:`mvsink.desired.join`). Each output column is a grouping column or one such
+aggregate.
 
 Such aggregates add up: over a multiset of rows each with a diff, a group's count is the sum of
 the diffs and its sum the sum of value times diff. So the view keeps a *state*, per group: its row
 count ``n``, and per output column its count or its sum with the count of its non-null values
-(a sum of none is null; an average is that sum divided by that count, with Spark's own expression
-for ``Average``: see :meth:`GroupStates._average`). The state at a time plus the aggregates of the sources' changes (the
-row-wise part applied to inserted rows at +1 and deleted rows at -1; for a join, its terms of the
-delta rule) is the state at the next
-time, computed in one grouping of both; the group's output row before and after is its change
-(-1, +1; a group whose count falls to 0 is gone). The work follows the change and the groups, not
-the source. Sums and averages of floating point (order-dependent), min/max, distinct aggregates,
-``HAVING`` and aggregates without ``GROUP BY`` are not linear aggregates: they are recomputed.
+(a sum of none is null; an average is that sum divided by that count as Spark divides them:
+:class:`Average`). The state at a time plus the aggregates of the sources' changes (the row-wise
+part applied to inserted rows at +1 and deleted rows at -1; for a join, its terms of the delta
+rule) is the state at the next time, computed in one grouping of both; the group's output row
+before and after is its change (-1, +1; a group whose count falls to 0 is gone). The work follows
+the change and the groups, not the source. Sums and averages of floating point (order-dependent),
+min/max, distinct aggregates, an expression of an aggregate, ``HAVING`` and aggregates without
+``GROUP BY`` are not linear aggregates: they are recomputed.
 
 Invariant: the output rows of the state at a time are exactly the query's result at that time's
 versions (each column cast to the query's type). For an average of integers Spark sums doubles:
@@ -61,7 +62,7 @@ class Output:
     column: str | None
     kept_as: str | None = None
     expression: str | None = None
-    average: "Average | None" = None
+    average: Average | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class Average:
 
     how: str
     sum_type: str | None = None
-    result_type: str | None = None
+    result: tuple[int, int] | None = None
     null_on_overflow: bool = True
     divisor: float | None = None
 
@@ -235,11 +236,9 @@ class GroupStates:
             return total.cast("double") / count.cast("double") / F.lit(average.divisor)
         jvm = SparkContext._active_spark_context._jvm
         utils = jvm.org.apache.spark.sql.classic.ExpressionUtils
-        result = T.DecimalType(*map(int, average.result_type[len("decimal("):-1].split(",")))
         divided = jvm.org.apache.spark.sql.catalyst.expressions.DecimalDivideWithOverflowCheck(
             utils.expression(total.cast(average.sum_type)._jc), utils.expression(count.cast("decimal(20,0)")._jc),
-            jvm.org.apache.spark.sql.types.DecimalType(result.precision, result.scale), None,
-            average.null_on_overflow)
+            jvm.org.apache.spark.sql.types.DecimalType(*average.result), None, average.null_on_overflow)
         return ClassicColumn(utils.column(divided))
 
 
@@ -278,8 +277,7 @@ def linear_aggregate(result: DataFrame, scan: str, sources: int = 1) -> LinearAg
 
 def _aggregate(expr, name: str, index: int) -> Output | None:
     """The :class:`Output` of output ``index``'s expression, if it is a linear aggregate."""
-    unscaled = _unscaled_average(expr)
-    function = _function(unscaled[0] if unscaled else expr)
+    function, divisor = _function(expr)
     if function is None:
         return None
     arguments = _seq(function.children())
@@ -300,39 +298,36 @@ def _aggregate(expr, name: str, index: int) -> Output | None:
                           else (_input(index), argument.sql()))
     if _kind(function) == "Sum":
         return Output(name, "sum", column, kept_as, expression)
-    return Output(name, "avg", column, kept_as, expression, _average_of(function, data_type, unscaled))
+    return Output(name, "avg", column, kept_as, expression, _average_of(function, data_type, divisor))
 
 
-def _function(expr):
-    """The aggregate function of ``expr`` if it is a plain (complete, not distinct, unfiltered) one."""
+def _function(expr) -> tuple:
+    """``(function, divisor)``: the aggregate function of ``expr`` where it is a plain (complete,
+    not distinct, unfiltered) one, else None; and where ``expr`` is the optimizer's rewrite of a
+    decimal ``avg``, ``CAST(avg(UnscaledValue(x)) / divisor AS decimal(...))``, that ``avg`` and
+    its divisor (else None)."""
+    divisor = None
+    if _kind(expr) == "Cast" and _kind(expr.child()) == "Divide" and _kind(expr.child().right()) == "Literal":
+        expr, divisor = expr.child().left(), float(expr.child().right().value())
     if (_kind(expr) != "AggregateExpression" or expr.isDistinct() or expr.filter().isDefined()
             or expr.mode().toString() != "Complete"):
-        return None
-    return expr.aggregateFunction()
+        return None, None
+    function = expr.aggregateFunction()
+    if divisor is not None and (_kind(function) != "Average" or _kind(function.child()) != "UnscaledValue"):
+        return None, None
+    return function, divisor
 
 
-def _unscaled_average(expr) -> tuple | None:
-    """``(aggregate, divisor)`` where ``expr`` is the optimizer's rewrite of a decimal ``avg``:
-    ``CAST(avg(UnscaledValue(x)) / divisor AS decimal(...))``."""
-    if _kind(expr) != "Cast" or _kind(expr.child()) != "Divide":
-        return None
-    left, right = expr.child().left(), expr.child().right()
-    function = _function(left)
-    if (function is None or _kind(function) != "Average" or _kind(right) != "Literal"
-            or _kind(function.child()) != "UnscaledValue"):
-        return None
-    return left, float(right.value())
-
-
-def _average_of(function, data_type: T.DataType, unscaled: tuple | None) -> Average:
-    """How Spark computes ``function`` (an ``Average`` of ``data_type``): see :class:`Average`."""
-    if unscaled is not None:
-        return Average("unscaled", divisor=unscaled[1])
+def _average_of(function, data_type: T.DataType, divisor: float | None) -> Average:
+    """How Spark computes ``function`` (an ``Average`` of ``data_type``, its result divided by
+    ``divisor`` if not None): see :class:`Average`."""
+    if divisor is not None:
+        return Average("unscaled", divisor=divisor)
     if not isinstance(data_type, T.DecimalType):
         return Average("double")
-    p, s = data_type.precision, data_type.scale
-    return Average("decimal", f"decimal({min(38, p + 10)},{s})", function.dataType().simpleString(),
-                   function.evalMode().toString() != "ANSI")
+    result = function.dataType()
+    return Average("decimal", f"decimal({min(38, data_type.precision + 10)},{data_type.scale})",
+                   (result.precision(), result.scale()), function.evalMode().toString() != "ANSI")
 
 
 def _arguments(plan) -> list:
@@ -340,10 +335,7 @@ def _arguments(plan) -> list:
     grouping column or ``count(*)``)."""
     arguments = []
     for expr in _seq(plan.aggregateExpressions()):
-        if _kind(expr) == "Alias":
-            expr = expr.child()
-        unscaled = _unscaled_average(expr)
-        function = _function(unscaled[0] if unscaled else expr)
+        function, _ = _function(expr.child() if _kind(expr) == "Alias" else expr)
         children = _seq(function.children()) if function is not None else []
         arguments.append(children[0] if len(children) == 1 else None)
     return arguments
