@@ -1,6 +1,7 @@
 """Linear aggregate views (:mod:`mvsink.desired.linear_aggregate`): which queries are, and that their changes
 from the source's change feed are exactly the differences of the query's results (groups that
-appear and vanish, null groups, sums of nulls, decimals), beside the same view recomputed."""
+appear and vanish, null groups, sums of nulls, decimals, averages of integers and decimals as Spark
+computes them, sums and averages of expressions), beside the same view recomputed."""
 
 from __future__ import annotations
 
