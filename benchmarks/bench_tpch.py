@@ -1,27 +1,38 @@
-"""A TPC-H Q3-like view (a three-way join under a GROUP BY) kept by mvsink, overwrite and MERGE.
+"""TPC-H views (Q3-like, Q1, Q5, Q10) kept by mvsink, overwrite and MERGE.
 
-Workload: customer, orders and lineitem from ``tpchgen-cli`` at ``--scale`` (default 1) loaded into
-Delta tables (change data feed on), each laid out by its key (``repartitionByRange``: orders and
-lineitem by order key, customer by customer key, so each file holds a range of keys). The view is
-TPC-H Q3 without its segment filter and ``LIMIT``: the revenue of every order placed before
-1995-03-15 from its lines shipped after it, with the customer's segment, one row per order, keyed
-by ``l_orderkey``. Each round applies refreshes in the spirit of TPC-H's: ``--new-fraction`` of the
-orders (0.1%) come in as new orders (copies of existing ones with new keys above the largest, with
-their lineitems), and ``--delete-fraction`` of the orders (0.1%), the oldest by key, go with their
-lineitems (four source commits). Then, in the same run, each contender brings its table up to date:
+Workload: the tables the ``--query`` reads, from ``tpchgen-cli`` at ``--scale`` (default 1), loaded
+into Delta tables (change data feed on), each laid out by its key (``repartitionByRange``: orders
+and lineitem by order key, customer, supplier, nation and region by theirs, so each file holds a
+range of keys). The views, each keyed by the group-by columns that identify its rows:
 
-* mvsink: a :class:`MaterializedView` over the three sources (its strategy is printed; the step's
+* ``q3`` (default): TPC-H Q3 without its segment filter and ``LIMIT``: the revenue of every order
+  placed before 1995-03-15 from its lines shipped after it, with the customer's segment, one row
+  per order (key ``l_orderkey``);
+* ``q1``: TPC-H Q1 over lineitem (sums, averages and count per return flag and line status; key
+  ``l_returnflag, l_linestatus``);
+* ``q5``: TPC-H Q5 (the revenue of local suppliers per nation of ASIA over 1994; key ``n_name``);
+* ``q10``: TPC-H Q10 (the revenue lost to returns per customer over 1993's last quarter; key
+  ``c_custkey``).
+
+None has an ``ORDER BY`` or ``LIMIT``. Each round applies refreshes in the spirit of TPC-H's:
+``--new-fraction`` of the orders (0.1%) come in as new orders (copies of existing ones with new
+keys above the largest, with their lineitems), and ``--delete-fraction`` of the orders (0.1%), the
+oldest by key, go with their lineitems (``--changed-orders N``: N of each, at any scale); only
+orders and lineitem where the query reads them. Then, in the same run, each contender brings its
+table up to date:
+
+* mvsink: a :class:`MaterializedView` over the sources (its strategy is printed; the step's
   phases and the other sides' files read are printed per round);
 * overwrite: the query written over its own target with mode ``overwrite``;
-* MERGE-sync: ``MERGE`` of the query into its own target on ``l_orderkey``, with update (where a
+* MERGE-sync: ``MERGE`` of the query into its own target on the view's key, with update (where a
   column differs), insert and ``WHEN NOT MATCHED BY SOURCE DELETE``;
 * the query alone: the query run to a ``noop`` sink (what any full recomputation costs at least).
 
-At the end the three targets are compared through an order-independent hash, so no contender is
-timed doing the wrong thing.
+At the end the three targets and the query are compared through an order-independent hash, so no
+contender is timed doing the wrong thing.
 
-Run: ``python benchmarks/bench_tpch.py [--scale 1] [--rounds 5]`` (``pip install -e '.[bench]'`` for
-``tpchgen-cli``).
+Run: ``python benchmarks/bench_tpch.py [--query q3|q1|q5|q10] [--scale 1] [--rounds 5]
+[--changed-orders N]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
 from __future__ import annotations
@@ -37,75 +48,138 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_sink import WORKDIR_HELP, fingerprint, machine, percentile, work_directory  # noqa: E402
 
-QUERY = """
+#: Each view: its SQL, its key (the group-by columns that identify a row) and the tables it reads.
+QUERIES = {
+    "q3": ("""
 SELECT l_orderkey, c_mktsegment, o_orderdate, o_shippriority, sum(revenue) AS revenue FROM (
   SELECT l.l_orderkey, c.c_mktsegment, o.o_orderdate, o.o_shippriority,
          l.l_extendedprice * (1 - l.l_discount) AS revenue
   FROM customer c JOIN orders o ON c.c_custkey = o.o_custkey JOIN lineitem l ON l.l_orderkey = o.o_orderkey
   WHERE o.o_orderdate < DATE '1995-03-15' AND l.l_shipdate > DATE '1995-03-15')
 GROUP BY l_orderkey, c_mktsegment, o_orderdate, o_shippriority
-"""
-COLUMNS = ["l_orderkey", "c_mktsegment", "o_orderdate", "o_shippriority", "revenue"]
+""", ("l_orderkey",), ("customer", "orders", "lineitem")),
+    "q1": ("""
+SELECT l_returnflag, l_linestatus, sum(l_quantity) AS sum_qty, sum(l_extendedprice) AS sum_base_price,
+       sum(l_extendedprice * (1 - l_discount)) AS sum_disc_price,
+       sum(l_extendedprice * (1 - l_discount) * (1 + l_tax)) AS sum_charge,
+       avg(l_quantity) AS avg_qty, avg(l_extendedprice) AS avg_price, avg(l_discount) AS avg_disc,
+       count(*) AS count_order
+FROM lineitem WHERE l_shipdate <= DATE '1998-09-02'
+GROUP BY l_returnflag, l_linestatus
+""", ("l_returnflag", "l_linestatus"), ("lineitem",)),
+    "q5": ("""
+SELECT n_name, sum(l_extendedprice * (1 - l_discount)) AS revenue
+FROM customer, orders, lineitem, supplier, nation, region
+WHERE c_custkey = o_custkey AND l_orderkey = o_orderkey AND l_suppkey = s_suppkey AND c_nationkey = s_nationkey
+  AND s_nationkey = n_nationkey AND n_regionkey = r_regionkey AND r_name = 'ASIA'
+  AND o_orderdate >= DATE '1994-01-01' AND o_orderdate < DATE '1995-01-01'
+GROUP BY n_name
+""", ("n_name",), ("customer", "orders", "lineitem", "supplier", "nation", "region")),
+    "q10": ("""
+SELECT c_custkey, c_name, sum(l_extendedprice * (1 - l_discount)) AS revenue, c_acctbal, n_name, c_address,
+       c_phone, c_comment
+FROM customer, orders, lineitem, nation
+WHERE c_custkey = o_custkey AND l_orderkey = o_orderkey AND o_orderdate >= DATE '1993-10-01'
+  AND o_orderdate < DATE '1994-01-01' AND l_returnflag = 'R' AND c_nationkey = n_nationkey
+GROUP BY c_custkey, c_name, c_acctbal, c_phone, n_name, c_address, c_comment
+""", ("c_custkey",), ("customer", "orders", "lineitem", "nation")),
+}
 #: Each table's key, and its files per scale factor 1 (at least 1).
-TABLES = {"customer": ("c_custkey", 2), "orders": ("o_orderkey", 16), "lineitem": ("l_orderkey", 48)}
+TABLES = {"customer": ("c_custkey", 2), "orders": ("o_orderkey", 16), "lineitem": ("l_orderkey", 48),
+          "supplier": ("s_suppkey", 1), "nation": ("n_nationkey", 1), "region": ("r_regionkey", 1)}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--query", choices=sorted(QUERIES), default="q3", help="the view (default q3)")
     parser.add_argument("--scale", type=float, default=1.0, help="TPC-H scale factor (default 1; 0.1 for a quick run)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--new-fraction", type=float, default=0.001, help="orders added per round (default 0.1%%)")
     parser.add_argument("--delete-fraction", type=float, default=0.001,
                         help="orders deleted per round, the oldest (default 0.1%%)")
+    parser.add_argument("--changed-orders", type=int, default=None,
+                        help="orders added and orders deleted per round (overrides both fractions)")
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
     args = parser.parse_args()
     with work_directory(args.workdir, "tpch") as workdir:
         return run(args, workdir)
 
 
-def generate(scale: float, directory: str) -> None:
-    """customer, orders and lineitem as Parquet files from ``tpchgen-cli``."""
+def generate(scale: float, tables: tuple[str, ...], directory: str) -> None:
+    """``tables`` as Parquet files from ``tpchgen-cli``."""
     cli = shutil.which("tpchgen-cli") or os.path.join(os.path.dirname(sys.executable), "tpchgen-cli")
     if not os.path.exists(cli):
         raise SystemExit("tpchgen-cli not found: pip install -e '.[bench]'")
-    subprocess.run([cli, "parquet", "-s", str(scale), "--tables", "customer,orders,lineitem",
-                    "--output-dir", directory], check=True)
+    subprocess.run([cli, "parquet", "-s", str(scale), "--tables", ",".join(tables), "--output-dir", directory],
+                   check=True)
+
+
+def refresh(spark, sources: dict[str, str], round_: int, new_orders: int, deleted_orders: int,
+            orders_count: int) -> int:
+    """One round of refreshes: ``new_orders`` orders copied (spread over the key space) with keys
+    above the largest, with their lineitems; the ``deleted_orders`` oldest orders deleted with
+    theirs. Only the loaded ones of orders and lineitem are changed (their order keys from
+    orders, else from lineitem). Returns the largest order key deleted."""
+    from pyspark.sql import functions as F
+
+    tables = {name: spark.read.format("delta").load(sources[name])
+              for name in ("orders", "lineitem") if name in sources}
+    keys = (tables["orders"].select("o_orderkey") if "orders" in tables
+            else tables["lineitem"].select(F.col("l_orderkey").alias("o_orderkey")).distinct())
+    top = keys.agg(F.max("o_orderkey")).first()[0]
+    picked = keys.where(F.pmod(F.xxhash64("o_orderkey", F.lit(round_)), F.lit(max(1, orders_count // new_orders))) == 0)
+    picked = picked.limit(new_orders).localCheckpoint()
+    if "orders" in tables:
+        (tables["orders"].join(picked, "o_orderkey", "left_semi").withColumn("o_orderkey", F.col("o_orderkey") + top)
+         .write.format("delta").mode("append").save(sources["orders"]))
+    if "lineitem" in tables:
+        lineitem = tables["lineitem"]
+        (lineitem.join(picked.select(F.col("o_orderkey").alias("l_orderkey")), "l_orderkey", "left_semi")
+         .withColumn("l_orderkey", F.col("l_orderkey") + top).select(*lineitem.columns)
+         .write.format("delta").mode("append").save(sources["lineitem"]))
+    oldest = keys.orderBy("o_orderkey").limit(deleted_orders).agg(F.max("o_orderkey")).first()[0]
+    for name, column in (("orders", "o_orderkey"), ("lineitem", "l_orderkey")):
+        if name in tables:
+            spark.sql(f"DELETE FROM delta.`{sources[name]}` WHERE {column} <= {oldest}")
+    return oldest
 
 
 def run(args, workdir: str) -> int:
     from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
 
     from mvsink import MaterializedView, SnapshotInput, ViewDefinition
     from mvsink.target.read import read_view
     from mvsink.spark import spark_session
 
+    sql, key, tables = QUERIES[args.query]
     spark = spark_session("mvsink-bench-tpch")
     raw = os.path.join(workdir, "raw")
     started = time.monotonic()
-    generate(args.scale, raw)
+    generate(args.scale, tables, raw)
     generated = time.monotonic() - started
-    sources = {name: os.path.join(workdir, name) for name in TABLES}
+    sources = {name: os.path.join(workdir, name) for name in tables}
     started = time.monotonic()
-    for name, (key, files) in TABLES.items():
+    for name in tables:
+        column, files = TABLES[name]
         rows = spark.read.parquet(os.path.join(raw, f"{name}.parquet"))
-        (rows.repartitionByRange(max(1, int(files * args.scale)), key).sortWithinPartitions(key)
+        (rows.repartitionByRange(max(1, int(files * args.scale)), column).sortWithinPartitions(column)
          .write.format("delta").option("delta.enableChangeDataFeed", "true")
          .option("delta.enableDeletionVectors", "false").save(sources[name]))
     loaded = time.monotonic() - started
     sizes = {name: spark.read.format("delta").load(path).count() for name, path in sources.items()}
-    print(f"TPC-H scale {args.scale}: {', '.join(f'{n} {c:,} rows' for n, c in sizes.items())} "
+    print(f"TPC-H scale {args.scale}, {args.query}: {', '.join(f'{n} {c:,} rows' for n, c in sizes.items())} "
           f"(generated in {generated:.1f}s, loaded into Delta in {loaded:.1f}s)", flush=True)
 
     def query():
         session = spark.newSession()
         for name, path in sources.items():
             session.read.format("delta").load(path).createOrReplaceTempView(name)
-        return session.sql(QUERY)
+        return session.sql(sql)
 
+    columns = query().columns
     targets = {name: os.path.join(workdir, name) for name in ("view", "overwrite", "merge")}
-    view = MaterializedView(spark, ViewDefinition("q3", targets["view"], SnapshotInput(sql=QUERY),
-                                                  key=("l_orderkey",), sources=sources, replica_id="bench"))
+    view = MaterializedView(spark, ViewDefinition(args.query, targets["view"], SnapshotInput(sql=sql),
+                                                  key=key, sources=sources, replica_id="bench"))
     started = time.monotonic()
     view.run_until_caught_up()
     hydration = {"mvsink": time.monotonic() - started}
@@ -122,40 +196,26 @@ def run(args, workdir: str) -> int:
     def overwrite():
         query().write.format("delta").mode("overwrite").save(targets["overwrite"])
 
-    changed = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in COLUMNS[1:])
+    matched = " AND ".join(f"t.{c} = s.{c}" for c in key)
+    changed = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in columns if c not in key)
 
     def merge():
-        (DeltaTable.forPath(spark, targets["merge"]).alias("t").merge(query().alias("s"), "t.l_orderkey = s.l_orderkey")
+        (DeltaTable.forPath(spark, targets["merge"]).alias("t").merge(query().alias("s"), matched)
          .whenMatchedUpdateAll(condition=changed).whenNotMatchedInsertAll().whenNotMatchedBySourceDelete()
          .execute())
 
     def query_alone():
         query().write.format("noop").mode("overwrite").save()
 
-    orders_count = sizes["orders"]
-    new_orders = max(1, int(orders_count * args.new_fraction))
-    deleted_orders = max(1, int(orders_count * args.delete_fraction))
+    orders_count = (sizes["orders"] if "orders" in sizes
+                    else spark.read.format("delta").load(sources["lineitem"]).select("l_orderkey").distinct().count())
+    new_orders = args.changed_orders or max(1, int(orders_count * args.new_fraction))
+    deleted_orders = args.changed_orders or max(1, int(orders_count * args.delete_fraction))
     times = {"mvsink": [], "overwrite": [], "MERGE": [], "query alone": []}
     contenders = {"overwrite": overwrite, "MERGE": merge, "query alone": query_alone}
     strategies = set()
     for round_ in range(1, args.rounds + 1):
-        orders = spark.read.format("delta").load(sources["orders"])
-        lineitem = spark.read.format("delta").load(sources["lineitem"])
-        top = orders.agg(F.max("o_orderkey")).first()[0]
-        # new orders: copies of existing ones (spread over the key space) with keys above the largest
-        picked = orders.where(F.pmod(F.xxhash64("o_orderkey", F.lit(round_)), F.lit(orders_count // new_orders)) == 0)
-        picked = picked.limit(new_orders).localCheckpoint()
-        (picked.withColumn("o_orderkey", F.col("o_orderkey") + top)
-         .write.format("delta").mode("append").save(sources["orders"]))
-        (lineitem.join(picked.select(F.col("o_orderkey").alias("l_orderkey")), "l_orderkey", "left_semi")
-         .withColumn("l_orderkey", F.col("l_orderkey") + top).select(*lineitem.columns)
-         .write.format("delta").mode("append").save(sources["lineitem"]))
-        # deleted orders: the oldest
-        oldest = (orders.select("o_orderkey").orderBy("o_orderkey").limit(deleted_orders)
-                  .agg(F.max("o_orderkey")).first()[0])
-        spark.sql(f"DELETE FROM delta.`{sources['orders']}` WHERE o_orderkey <= {oldest}")
-        spark.sql(f"DELETE FROM delta.`{sources['lineitem']}` WHERE l_orderkey <= {oldest}")
-
+        oldest = refresh(spark, sources, round_, new_orders, deleted_orders, orders_count)
         started = time.monotonic()
         phases_then = dict(view.metrics.phase_seconds)
         reports = []
@@ -180,12 +240,12 @@ def run(args, workdir: str) -> int:
               + f"\n  mvsink by {', '.join(r.strategy or '-' for r in reports)} ({len(reports)} steps): {phases}"
               + f"\n  mvsink read: {reads or 'no Delta scan'}", flush=True)
 
-    hashes = {"mvsink": fingerprint(read_view(spark, targets["view"], "q3"), COLUMNS),
-              "overwrite": fingerprint(spark.read.format("delta").load(targets["overwrite"]), COLUMNS),
-              "MERGE": fingerprint(spark.read.format("delta").load(targets["merge"]), COLUMNS),
-              "query": fingerprint(query(), COLUMNS)}
+    hashes = {"mvsink": fingerprint(read_view(spark, targets["view"], args.query), columns),
+              "overwrite": fingerprint(spark.read.format("delta").load(targets["overwrite"]), columns),
+              "MERGE": fingerprint(spark.read.format("delta").load(targets["merge"]), columns),
+              "query": fingerprint(query(), columns)}
     same = len({tuple(h) for h in hashes.values()}) == 1
-    print("\n=== TPC-H Q3-like view: mvsink vs overwrite vs MERGE-sync vs the query alone ===")
+    print(f"\n=== TPC-H {args.query} view: mvsink vs overwrite vs MERGE-sync vs the query alone ===")
     print(f"machine: {machine()}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
     print(f"workload: scale {args.scale}, view {view_rows:,} rows, {args.rounds} rounds of +{new_orders:,} "
           f"orders and -{deleted_orders:,} orders with their lineitems; "

@@ -1,6 +1,7 @@
 """Linear aggregate views (:mod:`mvsink.desired.linear_aggregate`): which queries are, and that their changes
 from the source's change feed are exactly the differences of the query's results (groups that
-appear and vanish, null groups, sums of nulls, decimals), beside the same view recomputed."""
+appear and vanish, null groups, sums of nulls, decimals, averages of integers and decimals as Spark
+computes them, sums and averages of expressions), beside the same view recomputed."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ from mvsink.desired.row_wise import TABLE_SCAN
 SCHEMA = "id BIGINT, grp STRING, sub INT, qty INT, price DECIMAL(10, 2), weight DOUBLE"
 QUERY = ("SELECT grp, sub, count(*) AS n, sum(qty) AS qty, count(price) AS priced, sum(price) AS total "
          "FROM src WHERE id % 7 <> 3 GROUP BY grp, sub")
+#: Averages of an INT, a BIGINT, a DECIMAL(10, 2) (which Spark's optimizer averages as doubles of
+#: its unscaled values), a DECIMAL(20, 2) and a DECIMAL(21, 4) expression, and a sum of a product.
+AVERAGES = ("SELECT grp, count(*) AS n, avg(qty) AS avg_qty, avg(id) AS avg_id, avg(price) AS avg_price, "
+            "avg(CAST(price AS DECIMAL(20, 2))) AS avg_wide, avg(price * price) AS avg_square, "
+            "sum(qty * price) AS qty_price FROM src WHERE id % 7 <> 3 GROUP BY grp")
 
 
 @pytest.mark.parametrize("sql, linear", [
@@ -26,9 +32,11 @@ QUERY = ("SELECT grp, sub, count(*) AS n, sum(qty) AS qty, count(price) AS price
     ("SELECT grp, count(*) AS n FROM src GROUP BY grp", True),
     ("SELECT count(qty) AS n, upper(grp) AS g FROM src GROUP BY upper(grp)", True),  # a grouping expression
     ("SELECT grp, sum(qty) AS s FROM src WHERE qty > 0 GROUP BY grp", True),
-    ("SELECT grp, sum(qty + 1) AS s FROM src GROUP BY grp", False),     # of an expression: not handled
+    ("SELECT grp, sum(qty + 1) AS s FROM src GROUP BY grp", True),      # of an expression of the row
+    (AVERAGES, True),
     ("SELECT grp, sum(weight) AS w FROM src GROUP BY grp", False),      # floating point: order-dependent
-    ("SELECT grp, avg(qty) AS a FROM src GROUP BY grp", False),
+    ("SELECT grp, avg(weight) AS a FROM src GROUP BY grp", False),
+    ("SELECT grp, avg(qty) + 1 AS a FROM src GROUP BY grp", False),
     ("SELECT grp, max(qty) AS m FROM src GROUP BY grp", False),
     ("SELECT grp, count(DISTINCT qty) AS d FROM src GROUP BY grp", False),
     ("SELECT grp, count(*) AS n FROM src GROUP BY grp HAVING count(*) > 1", False),
@@ -75,7 +83,10 @@ def _edit(spark, src: str, rng: random.Random, next_id: list[int]) -> None:
     (QUERY, ("sub",), 5, True, True),             # part of them: keys with several rows, appearing and ending
     (QUERY, ("grp", "sub", "n"), 5, False, True),  # with an aggregate: a group's key changes with its count
     (QUERY, ("sub",), 5, True, False),            # a source without change data feed: its commits' files
-], ids=["keyless", "equal-rows", "key-groups", "key-part", "key-aggregate", "key-part-no-feed"])
+    (AVERAGES, (), 7, True, True),                # averages of groups that lose their values and rows
+    (AVERAGES, ("grp",), 5, False, True),
+], ids=["keyless", "equal-rows", "key-groups", "key-part", "key-aggregate", "key-part-no-feed", "averages",
+        "averages-keyed"])
 def test_aggregate_changes_equal_the_differences_of_the_query_results(spark, tmp_path, monkeypatch, sql, key,
                                                                         rounds, one_task, feed):
     """The same view twice, one from the change feed (linear aggregate), one recomputed in full;

@@ -1,24 +1,28 @@
 """Whether a snapshot view's query is a *linear aggregate*, and its changes from its source's changes.
 
 A query is a linear aggregate when its optimized logical plan is one ``Aggregate`` that groups by
-columns (at least one) and computes only ``count(*)``, ``count(column)`` and ``sum(column)`` of an
-integral or decimal column, over a row-wise query (:mod:`mvsink.desired.row_wise`: projections and filters
-of one scan) or an inner join of several sources (:mod:`mvsink.desired.join`). Each output column
-is a grouping column or one such aggregate.
+columns (at least one) and computes only ``count(*)``, ``count(column)``, and ``sum`` and ``avg`` of
+an integral or decimal column or expression of its input, over a row-wise query
+(:mod:`mvsink.desired.row_wise`: projections and filters of one scan) or an inner join of several
+sources (:mod:`mvsink.desired.join`). Each output column is a grouping column or one such
+aggregate.
 
 Such aggregates add up: over a multiset of rows each with a diff, a group's count is the sum of
 the diffs and its sum the sum of value times diff. So the view keeps a *state*, per group: its row
 count ``n``, and per output column its count or its sum with the count of its non-null values
-(a sum of none is null). The state at a time plus the aggregates of the sources' changes (the
-row-wise part applied to inserted rows at +1 and deleted rows at -1; for a join, its terms of the
-delta rule) is the state at the next
-time, computed in one grouping of both; the group's output row before and after is its change
-(-1, +1; a group whose count falls to 0 is gone). The work follows the change and the groups, not
-the source. Sums of floating point (order-dependent), averages, min/max, distinct aggregates,
-``HAVING`` and aggregates without ``GROUP BY`` are not linear aggregates: they are recomputed.
+(a sum of none is null; an average is that sum divided by that count as Spark divides them:
+:class:`Average`). The state at a time plus the aggregates of the sources' changes (the row-wise
+part applied to inserted rows at +1 and deleted rows at -1; for a join, its terms of the delta
+rule) is the state at the next time, computed in one grouping of both; the group's output row
+before and after is its change (-1, +1; a group whose count falls to 0 is gone). The work follows
+the change and the groups, not the source. Sums and averages of floating point (order-dependent),
+min/max, distinct aggregates, an expression of an aggregate, ``HAVING`` and aggregates without
+``GROUP BY`` are not linear aggregates: they are recomputed.
 
 Invariant: the output rows of the state at a time are exactly the query's result at that time's
-versions (each column cast to the query's type).
+versions (each column cast to the query's type). For an average of integers Spark sums doubles:
+the two agree wherever the sums stay within 2**53, the range in which Spark's own result does not
+depend on the order of the rows.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import reduce
 
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.classic.column import Column as ClassicColumn
 
 from mvsink.desired.join import plan_is_inner_join
 from mvsink.desired.row_wise import plan_is_row_wise, plan_reads_subqueries
@@ -45,14 +51,40 @@ _EXACT_SUM_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.Decima
 @dataclass(frozen=True)
 class Output:
     """One output column: ``kind`` is ``group`` (``column`` is the grouping column), ``rows``
-    (``count(*)``), ``count`` or ``sum`` (of ``column``, a column of the aggregate's input).
-    A sum of integers is kept as ``decimal(38,0)``: negating a deleted row's value, or a sum on
-    the way, cannot overflow where the query's own sum would not."""
+    (``count(*)``), ``count``, ``sum`` or ``avg`` (of ``column``, a column of the aggregate's
+    input; for an expression, the column :meth:`LinearAggregate.aggregate_input` adds, and
+    ``expression`` its SQL). A sum of integers is kept as ``decimal(38,0)``: negating a deleted
+    row's value, or a sum on the way, cannot overflow where the query's own sum would not.
+    ``average`` says how an ``avg`` is computed from its sum and count (:class:`Average`)."""
 
     name: str
     kind: str
     column: str | None
     kept_as: str | None = None
+    expression: str | None = None
+    average: Average | None = None
+
+
+@dataclass(frozen=True)
+class Average:
+    """How Spark computes an ``avg`` from its sum and count of non-null values (Spark 4.0's
+    ``Average.evaluateExpression``, and the optimizer's ``DecimalAggregates``):
+
+    * ``double``: of integers, ``CAST(sum AS DOUBLE) / CAST(count AS DOUBLE)``;
+    * ``decimal``: of ``decimal(p, s)``, ``DecimalDivideWithOverflowCheck(CAST(sum AS
+      decimal(p+10, s)), CAST(count AS decimal(20, 0)), decimal(p+4, s+4))`` (bounded to 38;
+      ``null_on_overflow`` unless ANSI);
+    * ``unscaled``: of ``decimal(p, s)`` with ``p + 4 <= 15``, which the optimizer rewrites to
+      the ``double`` average of the unscaled values divided by ``divisor`` (``10**s``), cast to
+      the output's ``decimal(p+4, s+4)``.
+
+    Each is null where the count is 0."""
+
+    how: str
+    sum_type: str | None = None
+    result: tuple[int, int] | None = None
+    null_on_overflow: bool = True
+    divisor: float | None = None
 
 
 @dataclass(frozen=True)
@@ -64,20 +96,26 @@ class LinearAggregate:
 
     def aggregate_input(self, result: DataFrame) -> DataFrame:
         """The rows the ``Aggregate`` of ``result`` (this query over some rows) groups: its
-        row-wise input, as a DataFrame.
+        row-wise input, as a DataFrame, with a column per aggregated expression (its value in
+        that row, as the query computes it).
 
-        Taken from the analyzed plan where its top is that ``Aggregate`` and its input has each
-        column the aggregate reads under its name, once: then the input is optimized once, with
-        whatever it becomes part of (a step's terms are one plan; optimizing a term alone costs
-        its scans' data skipping again). Otherwise from the optimized plan, whose ``Aggregate``
-        this shape was read from."""
+        Where the aggregate reads columns only, taken from the analyzed plan if its top is that
+        ``Aggregate`` and its input has each column the aggregate reads under its name, once:
+        then the input is optimized once, with whatever it becomes part of (a step's terms are
+        one plan; optimizing a term alone costs its scans' data skipping again). Otherwise from
+        the optimized plan, whose ``Aggregate`` this shape was read from (and whose expressions
+        the added columns are)."""
         execution = result._jdf.queryExecution()
         plan = execution.analyzed()
-        if plan.nodeName() != "Aggregate" or not self._reads_by_name(plan.child()):
+        if (plan.nodeName() != "Aggregate" or any(out.expression is not None for out in self.outputs)
+                or not self._reads_by_name(plan.child())):
             plan = execution.optimizedPlan()
         spark = result.sparkSession
         jvm = spark.sparkContext._jvm
-        return DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, plan.child()), spark)
+        rows = DataFrame(jvm.org.apache.spark.sql.classic.Dataset.ofRows(spark._jsparkSession, plan.child()), spark)
+        computed = [ClassicColumn(jvm.org.apache.spark.sql.classic.ExpressionUtils.column(argument)).alias(out.column)
+                    for out, argument in zip(self.outputs, _arguments(plan)) if out.expression is not None]
+        return rows.select("*", *computed) if computed else rows
 
     def _reads_by_name(self, plan) -> bool:
         """Whether ``plan``'s output has each grouping and aggregated column once (by Spark's
@@ -109,7 +147,8 @@ class GroupStates:
         self.aggregate = aggregate
         self._groups = [F.col(_group(i)) for i in range(len(aggregate.groups))]
         state = [_N] + [c for i, out in enumerate(aggregate.outputs)
-                        for c in {"count": [_value(i)], "sum": [_value(i), _nonnull(i)]}.get(out.kind, [])]
+                        for c in {"count": [_value(i)], "sum": [_value(i), _nonnull(i)],
+                                 "avg": [_value(i), _nonnull(i)]}.get(out.kind, [])]
         self._state_columns = [*self._groups, *[F.col(c) for c in state]]
         self._as_state = {diff: self._state_row(diff) for diff in (1, -1)}
         self._grouped = [F.sum(c).alias(c) for c in state]
@@ -181,7 +220,7 @@ class GroupStates:
         for i, out in enumerate(self.aggregate.outputs):
             if out.kind == "count":
                 columns.append(nonnull(out.column).alias(_value(i)))
-            elif out.kind == "sum":
+            elif out.kind in ("sum", "avg"):
                 value = F.col(out.column).cast(out.kept_as) if out.kept_as else F.col(out.column)
                 columns += [(value if diff > 0 else -value).alias(_value(i)), nonnull(out.column).alias(_nonnull(i))]
         return columns
@@ -197,10 +236,28 @@ class GroupStates:
                 value = F.col(name(_N))
             elif out.kind == "count":
                 value = F.col(name(_value(i)))
-            else:
+            elif out.kind == "sum":
                 value = F.when(F.col(name(_nonnull(i))) > 0, F.col(name(_value(i))))
+            else:
+                count = F.col(name(_nonnull(i)))
+                value = F.when(count > 0, self._average(out.average, F.col(name(_value(i))), count))
             values.append(value.cast(field.dataType))
         return values
+
+    @staticmethod
+    def _average(average: Average, total: Column, count: Column) -> Column:
+        """An average from its sum and count of non-null values (count > 0), as :class:`Average`
+        says Spark computes it."""
+        if average.how == "double":
+            return total.cast("double") / count.cast("double")
+        if average.how == "unscaled":
+            return total.cast("double") / count.cast("double") / F.lit(average.divisor)
+        jvm = SparkContext._active_spark_context._jvm
+        utils = jvm.org.apache.spark.sql.classic.ExpressionUtils
+        divided = jvm.org.apache.spark.sql.catalyst.expressions.DecimalDivideWithOverflowCheck(
+            utils.expression(total.cast(average.sum_type)._jc), utils.expression(count.cast("decimal(20,0)")._jc),
+            jvm.org.apache.spark.sql.types.DecimalType(*average.result), None, average.null_on_overflow)
+        return ClassicColumn(utils.column(divided))
 
 
 def linear_aggregate(result: DataFrame, scan: str, sources: int = 1) -> LinearAggregate | None:
@@ -229,19 +286,18 @@ def linear_aggregate(result: DataFrame, scan: str, sources: int = 1) -> LinearAg
                 return None
             outputs.append(Output(name, "group", expr.name()))
             continue
-        out = _aggregate(expr, name)
+        out = _aggregate(expr, name, len(outputs))
         if out is None:
             return None
         outputs.append(out)
     return LinearAggregate(tuple(groups), tuple(outputs))
 
 
-def _aggregate(expr, name: str) -> Output | None:
-    """The :class:`Output` of an aggregate expression, if it is a linear one."""
-    if (_kind(expr) != "AggregateExpression" or expr.isDistinct() or expr.filter().isDefined()
-            or expr.mode().toString() != "Complete"):
+def _aggregate(expr, name: str, index: int) -> Output | None:
+    """The :class:`Output` of output ``index``'s expression, if it is a linear aggregate."""
+    function, divisor = _function(expr)
+    if function is None:
         return None
-    function = expr.aggregateFunction()
     arguments = _seq(function.children())
     if _kind(function) == "Count" and len(arguments) == 1:
         (argument,) = arguments
@@ -249,13 +305,58 @@ def _aggregate(expr, name: str) -> Output | None:
             return Output(name, "rows", None)
         if _kind(argument) == "AttributeReference":
             return Output(name, "count", argument.name())
-    if _kind(function) == "Sum" and len(arguments) == 1:
-        (argument,) = arguments
-        data_type = T._parse_datatype_json_string(argument.dataType().json())
-        if _kind(argument) == "AttributeReference" and isinstance(data_type, _EXACT_SUM_TYPES):
-            kept_as = None if isinstance(data_type, T.DecimalType) else "decimal(38,0)"
-            return Output(name, "sum", argument.name(), kept_as)
-    return None
+    if _kind(function) not in ("Sum", "Average") or len(arguments) != 1:
+        return None
+    (argument,) = arguments
+    data_type = T._parse_datatype_json_string(argument.dataType().json())
+    if not isinstance(data_type, _EXACT_SUM_TYPES):
+        return None
+    kept_as = None if isinstance(data_type, T.DecimalType) else "decimal(38,0)"
+    column, expression = ((argument.name(), None) if _kind(argument) == "AttributeReference"
+                          else (_input(index), argument.sql()))
+    if _kind(function) == "Sum":
+        return Output(name, "sum", column, kept_as, expression)
+    return Output(name, "avg", column, kept_as, expression, _average_of(function, data_type, divisor))
+
+
+def _function(expr) -> tuple:
+    """``(function, divisor)``: the aggregate function of ``expr`` where it is a plain (complete,
+    not distinct, unfiltered) one, else None; and where ``expr`` is the optimizer's rewrite of a
+    decimal ``avg``, ``CAST(avg(UnscaledValue(x)) / divisor AS decimal(...))``, that ``avg`` and
+    its divisor (else None)."""
+    divisor = None
+    if _kind(expr) == "Cast" and _kind(expr.child()) == "Divide" and _kind(expr.child().right()) == "Literal":
+        expr, divisor = expr.child().left(), float(expr.child().right().value())
+    if (_kind(expr) != "AggregateExpression" or expr.isDistinct() or expr.filter().isDefined()
+            or expr.mode().toString() != "Complete"):
+        return None, None
+    function = expr.aggregateFunction()
+    if divisor is not None and (_kind(function) != "Average" or _kind(function.child()) != "UnscaledValue"):
+        return None, None
+    return function, divisor
+
+
+def _average_of(function, data_type: T.DataType, divisor: float | None) -> Average:
+    """How Spark computes ``function`` (an ``Average`` of ``data_type``, its result divided by
+    ``divisor`` if not None): see :class:`Average`."""
+    if divisor is not None:
+        return Average("unscaled", divisor=divisor)
+    if not isinstance(data_type, T.DecimalType):
+        return Average("double")
+    result = function.dataType()
+    return Average("decimal", f"decimal({min(38, data_type.precision + 10)},{data_type.scale})",
+                   (result.precision(), result.scale()), function.evalMode().toString() != "ANSI")
+
+
+def _arguments(plan) -> list:
+    """The argument of each output's aggregate function in ``plan`` (an ``Aggregate``; None for a
+    grouping column or ``count(*)``)."""
+    arguments = []
+    for expr in _seq(plan.aggregateExpressions()):
+        function, _ = _function(expr.child() if _kind(expr) == "Alias" else expr)
+        children = _seq(function.children()) if function is not None else []
+        arguments.append(children[0] if len(children) == 1 else None)
+    return arguments
 
 
 def _kind(expr) -> str:
@@ -276,6 +377,10 @@ def _group(i: int) -> str:
 
 def _value(i: int) -> str:
     return f"_mv_a{i}"
+
+
+def _input(i: int) -> str:
+    return f"_mv_in{i}"
 
 
 def _nonnull(i: int) -> str:

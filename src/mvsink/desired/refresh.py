@@ -41,5 +41,5 @@ def unmaintained_operator(result: DataFrame) -> str:
         children = node.children()
         pending += [children.apply(i) for i in range(children.size())]
     if aggregates:
-        return "an Aggregate that is not count/sum of integers or decimals grouped by columns"
+        return "an Aggregate that is not count/sum/avg of integers or decimals grouped by columns"
     return "a source read twice" if joins else f"the plan {plan.nodeName()} over {scans} scans"
