@@ -99,6 +99,9 @@ def main() -> int:
                         help="orders deleted per round, the oldest (default 0.1%%)")
     parser.add_argument("--changed-orders", type=int, default=None,
                         help="orders added and orders deleted per round (overrides both fractions)")
+    parser.add_argument("--refresh", choices=("auto", "incremental", "full"), default="auto",
+                        help="mvsink's refresh policy (default auto; full: evaluated in full at every time, to "
+                             "find the change size where that becomes cheaper)")
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
     args = parser.parse_args()
     with work_directory(args.workdir, "tpch") as workdir:
@@ -178,8 +181,9 @@ def run(args, workdir: str) -> int:
 
     columns = query().columns
     targets = {name: os.path.join(workdir, name) for name in ("view", "overwrite", "merge")}
-    view = MaterializedView(spark, ViewDefinition(args.query, targets["view"], SnapshotInput(sql=sql),
-                                                  key=key, sources=sources, replica_id="bench"))
+    view = MaterializedView(spark, ViewDefinition(args.query, targets["view"],
+                                                  SnapshotInput(sql=sql, refresh=args.refresh), key=key,
+                                                  sources=sources, replica_id="bench"))
     started = time.monotonic()
     view.run_until_caught_up()
     hydration = {"mvsink": time.monotonic() - started}
