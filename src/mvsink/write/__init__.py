@@ -228,6 +228,30 @@ def plain_rows(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
     return rows.take(pa.array(np.repeat(np.arange(len(diffs)), diffs)))
 
 
+#: Rows of a file's first batch whose distinct values choose its columns' encoding.
+_DICTIONARY_SAMPLE = 10_000
+
+
+def dictionary_columns(first: pa.RecordBatch) -> list[str]:
+    """The columns a staged file dictionary-encodes: the flat ones with at most half as many
+    distinct values as values in ``first`` (its first rows). A column of mostly distinct values
+    (a key, a hash) would fill the dictionary page and fall back to plain pages anyway, and
+    trying costs as much as the rest of the file's writing (as Spark's writer, its pages are
+    plain then); nested columns are not dictionary-encoded."""
+    sample = first.slice(0, _DICTIONARY_SAMPLE)
+    chosen = []
+    for spec, column in zip(sample.schema, sample.columns):
+        if pa.types.is_nested(spec.type) or column.null_count == len(column):
+            continue
+        try:
+            distinct = pc.count_distinct(column).as_py()
+        except pa.ArrowNotImplementedError:  # a type Arrow cannot count: the writer's default
+            distinct = 0
+        if distinct * 2 <= len(column) - column.null_count:
+            chosen.append(spec.name)
+    return chosen
+
+
 class _FileWriter:
     """One staged Parquet file with its Delta statistics, opened by its first non-empty batch.
 
@@ -246,7 +270,8 @@ class _FileWriter:
         self.buffered: list[pa.RecordBatch] = []
         self.buffered_bytes = 0
 
-    def _open(self, schema: pa.Schema) -> None:
+    def _open(self, first: pa.RecordBatch) -> None:
+        schema = first.schema
         fs, root = storage.filesystem(self.target)
         if self.remote:
             self.local_dir = tempfile.mkdtemp(prefix="mvsink-stage-")
@@ -256,7 +281,8 @@ class _FileWriter:
             if "/" in self.name:
                 fs.create_dir(storage.join(root, self.name.rsplit("/", 1)[0]), recursive=True)
         self.sink = out_fs.open_output_stream(out_path)
-        self.writer = pq.ParquetWriter(self.sink, schema, compression="snappy", write_page_index=True)
+        self.writer = pq.ParquetWriter(self.sink, schema, compression="snappy", write_page_index=True,
+                                       use_dictionary=dictionary_columns(first))
         self.stats = FileStats(schema)
         self.out_path = out_path
 
@@ -264,7 +290,7 @@ class _FileWriter:
         if batch.num_rows == 0:
             return
         if self.writer is None:
-            self._open(batch.schema)
+            self._open(batch)
         self.buffered.append(batch)
         self.buffered_bytes += batch.nbytes
         if self.buffered_bytes >= ROW_GROUP_BYTES:
