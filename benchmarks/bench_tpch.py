@@ -100,8 +100,10 @@ def main() -> int:
     parser.add_argument("--changed-orders", type=int, default=None,
                         help="orders added and orders deleted per round (overrides both fractions)")
     parser.add_argument("--refresh", choices=("auto", "incremental", "full"), default="auto",
-                        help="mvsink's refresh policy (default auto; full: evaluated in full at every time, to "
-                             "find the change size where that becomes cheaper)")
+                        help="mvsink's refresh policy (default auto)")
+    parser.add_argument("--also-full", action="store_true",
+                        help="also keep the view with refresh full, timed in the same rounds: where full "
+                             "evaluation becomes cheaper than the sources' changes")
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
     args = parser.parse_args()
     with work_directory(args.workdir, "tpch") as workdir:
@@ -180,13 +182,21 @@ def run(args, workdir: str) -> int:
         return session.sql(sql)
 
     columns = query().columns
-    targets = {name: os.path.join(workdir, name) for name in ("view", "overwrite", "merge")}
-    view = MaterializedView(spark, ViewDefinition(args.query, targets["view"],
-                                                  SnapshotInput(sql=sql, refresh=args.refresh), key=key,
-                                                  sources=sources, replica_id="bench"))
+    targets = {name: os.path.join(workdir, name) for name in ("view", "view_full", "overwrite", "merge")}
+
+    def kept_view(target: str, refresh: str) -> MaterializedView:
+        return MaterializedView(spark, ViewDefinition(args.query, targets[target], SnapshotInput(sql=sql, refresh=refresh),
+                                                      key=key, sources=sources, replica_id="bench"))
+
+    views = {"mvsink": kept_view("view", args.refresh)}
+    if args.also_full:
+        views["mvsink, full"] = kept_view("view_full", "full")
+    view = views["mvsink"]
     started = time.monotonic()
     view.run_until_caught_up()
     hydration = {"mvsink": time.monotonic() - started}
+    for each in list(views.values())[1:]:
+        each.run_until_caught_up()
     started = time.monotonic()
     query().write.format("delta").save(targets["overwrite"])
     hydration["overwrite"] = time.monotonic() - started
@@ -215,22 +225,18 @@ def run(args, workdir: str) -> int:
                     else spark.read.format("delta").load(sources["lineitem"]).select("l_orderkey").distinct().count())
     new_orders = args.changed_orders or max(1, int(orders_count * args.new_fraction))
     deleted_orders = args.changed_orders or max(1, int(orders_count * args.delete_fraction))
-    times = {"mvsink": [], "overwrite": [], "MERGE": [], "query alone": []}
+    times = {name: [] for name in [*views, "overwrite", "MERGE", "query alone"]}
     contenders = {"overwrite": overwrite, "MERGE": merge, "query alone": query_alone}
     strategies = set()
     for round_ in range(1, args.rounds + 1):
         oldest = refresh(spark, sources, round_, new_orders, deleted_orders, orders_count)
-        started = time.monotonic()
         phases_then = dict(view.metrics.phase_seconds)
-        reports = []
-        while True:
-            report = view.step()
-            reports.append(report)
-            last = view.timeline.last()
-            if (report.desc is None and report.upper >= view.timeline.upper
-                    and last.versions == view.desired.latest_versions()):
-                break
-        times["mvsink"].append(time.monotonic() - started)
+        steps = {}  # the views take turns going first (the first reads the new source versions' logs)
+        for name, each in sorted(views.items(), key=lambda item: item[0] == "mvsink", reverse=round_ % 2 == 1):
+            started = time.monotonic()
+            steps[name] = caught_up(each)
+            times[name].append(time.monotonic() - started)
+        reports = steps["mvsink"]
         strategies.update(r.strategy for r in reports if r.strategy)
         phases = ", ".join(f"{p} {s - phases_then.get(p, 0.0):.2f}s" for p, s in view.metrics.phase_seconds.items()
                            if s - phases_then.get(p, 0.0) >= 0.005)
@@ -244,10 +250,11 @@ def run(args, workdir: str) -> int:
               + f"\n  mvsink by {', '.join(r.strategy or '-' for r in reports)} ({len(reports)} steps): {phases}"
               + f"\n  mvsink read: {reads or 'no Delta scan'}", flush=True)
 
-    hashes = {"mvsink": fingerprint(read_view(spark, targets["view"], args.query), columns),
-              "overwrite": fingerprint(spark.read.format("delta").load(targets["overwrite"]), columns),
-              "MERGE": fingerprint(spark.read.format("delta").load(targets["merge"]), columns),
-              "query": fingerprint(query(), columns)}
+    hashes = {name: fingerprint(read_view(spark, each.view.target, args.query), columns)
+              for name, each in views.items()}
+    hashes |= {"overwrite": fingerprint(spark.read.format("delta").load(targets["overwrite"]), columns),
+               "MERGE": fingerprint(spark.read.format("delta").load(targets["merge"]), columns),
+               "query": fingerprint(query(), columns)}
     same = len({tuple(h) for h in hashes.values()}) == 1
     print(f"\n=== TPC-H {args.query} view: mvsink vs overwrite vs MERGE-sync vs the query alone ===")
     print(f"machine: {machine()}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
@@ -255,15 +262,26 @@ def run(args, workdir: str) -> int:
           f"orders and -{deleted_orders:,} orders with their lineitems; "
           f"mvsink strategy: {', '.join(sorted(strategies))}")
     for name, values in times.items():
-        print(f"{name:12} p50 {percentile(values, 0.5):6.2f}s  p90 {percentile(values, 0.9):6.2f}s  "
+        print(f"{name:13} p50 {percentile(values, 0.5):6.2f}s  p90 {percentile(values, 0.9):6.2f}s  "
               f"mean {statistics.mean(values):6.2f}s")
-    for name in ("overwrite", "MERGE", "query alone"):
+    for name in [*list(views)[1:], "overwrite", "MERGE", "query alone"]:
         print(f"ratio {name} / mvsink: p50 {percentile(times[name], 0.5) / percentile(times['mvsink'], 0.5):.2f}x, "
               f"p90 {percentile(times[name], 0.9) / percentile(times['mvsink'], 0.9):.2f}x")
     print(f"final contents identical (rows, hash): {same} "
           f"({', '.join(f'{n} {h[1]:,}' for n, h in hashes.items())})")
     spark.stop()
     return 0 if same else 1
+
+
+def caught_up(view) -> list:
+    """Steps of ``view`` until it holds the sources' latest versions; their reports."""
+    reports = []
+    while True:
+        report = view.step()
+        reports.append(report)
+        if (report.desc is None and report.upper >= view.timeline.upper
+                and view.timeline.last().versions == view.desired.latest_versions()):
+            return reports
 
 
 if __name__ == "__main__":
