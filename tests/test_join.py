@@ -220,3 +220,35 @@ def test_explain_says_the_strategy_of_a_view_and_why(spark, tmp_path, capsys):
     code, out = explain(left, "incremental")
     assert code != 0 and "refresh incremental" in out and "LeftOuter Join" in out, out
     assert not (tmp_path / "target").exists() and not (tmp_path / "target_timeline").exists()
+
+
+def test_a_changes_key_ranges_prune_the_other_side_exactly_whatever_the_keys_type(spark):
+    """The ranges of a change's keys (collected, or observed as JSON by the job that holds it) and
+    the filter they make (one SQL expression of typed literals) keep exactly the other side's rows
+    whose key is one of the change's: strings with quotes and backslashes, dates, decimals,
+    tinyints, and values that join nothing."""
+    import datetime
+    from decimal import Decimal
+
+    from mvsink.desired.join import key_ranges, key_sets, pruned
+
+    texts = ["a'b", "c\\'d", "x\\", "plain", "zz"]
+    rows = [(i, texts[i % 5] + str(i), datetime.date(2020, 1, 1) + datetime.timedelta(days=7 * i),
+             Decimal(i) / 4, i % 100) for i in range(200)]
+    other = spark.createDataFrame(rows, "i INT, s STRING, d DATE, m DECIMAL(10,2), t TINYINT")
+    change = other.where("i IN (3, 4, 5, 90, 91, 199)").unionByName(
+        spark.createDataFrame([(1000, "nowhere", datetime.date(1999, 1, 1), Decimal("-7.25"), -5)], other.schema))
+    columns = ["s", "d", "m", "t"]
+    observed = change.agg(*key_sets(columns)).first()
+    for sets in (None, list(observed)):
+        ranges = key_ranges(change, columns, small=True, sets=sets)
+        for column in columns:
+            wanted = {r[column] for r in change.collect()}
+            kept = pruned(other, column, ranges[column]).collect()
+            # every row of the other side with one of the change's keys, and (ranges cover gaps
+            # of at most one) none far from them
+            assert {r[column] for r in kept} >= wanted & {r[column] for r in other.collect()}, column
+            assert len(kept) < other.count() or column == "s", (column, ranges[column])
+    assert pruned(other, "s", [("a'b3", "a'b3")]).collect() == [], "no row has that key"
+    assert [r.i for r in pruned(other, "s", [("c\\'d1", "c\\'d1")]).collect()] == [1]
+    assert pruned(other, "s", []).count() == 0

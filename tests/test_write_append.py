@@ -119,3 +119,36 @@ def test_progress_commit_carries_no_files(spark, tmp_path):
     shard = Shard(view.target, view.app_id, "w", "r1")
     compare_and_append(shard, Description(0, 1), None, "progress")
     assert DeltaTable(view.target).get_add_actions().num_rows == 0
+
+
+def test_a_staged_file_dictionary_encodes_only_the_columns_its_rows_repeat(tmp_path):
+    """A key or hash column (mostly distinct values) is written plain, as Spark's writer ends up
+    writing it; a column of few values, a sparse one and a date stay dictionary-encoded; a nested
+    column is not; every value reads back as written."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mvsink.write import _FileWriter
+
+    n = 30_000
+    rows = pa.table({
+        "id": pa.array(range(n), pa.int64()),
+        "note": pa.array([f"{i * 7919:x}" for i in range(n)]),
+        "segment": pa.array(["abc"[i % 3] for i in range(n)]),
+        "sparse": pa.array([None if i % 10 else i % 4 for i in range(n)], pa.int32()),
+        "day": pa.array([datetime.date(2020, 1, 1 + i % 28) for i in range(n)]),
+        "tags": pa.array([[i % 2] for i in range(n)], pa.list_(pa.int32())),
+    })
+    writer = _FileWriter(str(tmp_path), "staged.parquet")
+    for batch in rows.to_batches(max_chunksize=10_000):
+        writer.write(batch)
+    assert writer.close()["num_records"].to_pylist() == [n]
+    file = pq.ParquetFile(tmp_path / "staged.parquet")
+    group = file.metadata.row_group(0)
+    dictionary = {group.column(i).path_in_schema: group.column(i).has_dictionary_page
+                  for i in range(group.num_columns)}
+    assert dictionary == {"id": False, "note": False, "segment": True, "sparse": True, "day": True,
+                          "tags.list.element": False}, dictionary
+    assert file.read().equals(rows)
