@@ -3,7 +3,6 @@ processes; the fence inside the compare-and-append of :mod:`mvsink.append`, on d
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import textwrap
