@@ -241,7 +241,7 @@ def test_a_changes_key_ranges_prune_the_other_side_exactly_whatever_the_keys_typ
     columns = ["s", "d", "m", "t"]
     observed = change.agg(*key_sets(columns)).first()
     for sets in (None, list(observed)):
-        ranges = key_ranges(change, columns, small=True, sets=sets)
+        ranges = key_ranges(change, columns, sets)
         for column in columns:
             wanted = {r[column] for r in change.collect()}
             kept = pruned(other, column, ranges[column]).collect()

@@ -161,15 +161,14 @@ def key_sets(columns: list[str]) -> list:
     return [F.to_json(F.sort_array(F.collect_set(c))) for c in columns]
 
 
-def key_ranges(change: DataFrame, columns: list[str], small: bool, sets: list | None = None) -> dict[str, list[tuple]]:
+def key_ranges(change: DataFrame, columns: list[str], sets: list | None = None) -> dict[str, list[tuple]]:
     """For each of ``columns``: closed ranges ``(least, greatest)`` covering every non-null value
     of it in ``change`` (at most :data:`MOST_RANGES`, cut at the widest gaps between its distinct
     values; one range where they are more than :data:`MOST_KEYS` or not numbers or dates; none
-    where there is none). A ``small`` change's distinct values of every column are ``sets`` (of
-    :func:`key_sets`) where given, else collected by one Spark job; a larger change's by one
-    bounded job per column (and one more for a column with more values)."""
-    if small:
-        sets = sets if sets is not None else change.agg(*key_sets(columns)).first()
+    where there is none). Cut from ``sets`` (of :func:`key_sets`, a small change's distinct values
+    observed by the job that holds it) where given; otherwise collected by one bounded job per
+    column (and one more for a column with more values)."""
+    if sets is not None:
         ranges = {}
         for column, text in zip(columns, sets):
             values = _values(text, change.schema[column].dataType)

@@ -317,7 +317,7 @@ class SnapshotDesired(Desired):
             feeds.small = feeds.small and is_small
             if columns:
                 feeds.ranges.update({(name, column): cut for column, cut
-                                     in key_ranges(held, columns, is_small, sets if is_small else None).items()})
+                                     in key_ranges(held, columns, sets if is_small else None).items()})
         return feeds
 
     def _change_terms(self, time: int, feeds: SourceFeeds) -> list[tuple[int, DataFrame]]:
