@@ -5,9 +5,11 @@ compacted; a layout is fixed with its table."""
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -47,6 +49,35 @@ def test_a_retraction_rewrites_only_the_files_that_hold_its_rows(spark, tmp_path
     result = check_table(tgt, "keyed", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=view.timeline))
     assert result.ok, result.problems
     assert _rows(tgt)[(1005, "changed")] == 1 and sum(_rows(tgt).values()) == 109
+
+
+def _ids_by_file(target: str) -> list[list]:
+    """Each data file's ``id`` values, in the file's order, the files by their smallest id."""
+    table = DeltaTable(target)
+    files = [pq.read_table(uri, columns=["id"]).column("id").to_pylist() for uri in table.file_uris()]
+    return sorted(files, key=lambda ids: (ids[0] is not None, ids[0]) if ids else (True, 0))
+
+
+def test_the_files_hold_their_rows_in_key_order_and_an_insert_joins_the_file_of_its_range(spark, tmp_path):
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src)
+    rows = [(i, f"v{i}") for i in random.Random(7).sample(range(0, 400, 2), 200)]  # one file, keys shuffled
+    spark.createDataFrame(rows, "id BIGINT, v STRING").coalesce(1).write.format("delta").mode("append").save(src)
+    view = ViewDefinition("sorted", tgt, ChangesInput(src), key=("id",), replica_id="r1")
+    mv = MaterializedView(spark, view)
+    mv.run_until_caught_up()                            # the first write: a Spark task's file
+    insert(spark, src, [(i, f"v{i}") for i in random.Random(8).sample(range(400, 800, 2), 200)])
+    mv.run_until_caught_up()                            # inserts only: the driver's file
+    assert [(f[0], f[-1]) for f in _ids_by_file(tgt)] == [(0, 398), (400, 798)]
+    # Both files hold an updated row, so both are rewritten; each new key joins the file of its range.
+    spark.sql(f"UPDATE delta.`{src}` SET v = 'changed' WHERE id IN (10, 600)")
+    insert(spark, src, [(501, "new"), (105, "new"), (101, "new"), (111, "new")])
+    mv.run_until_caught_up()
+    files = _ids_by_file(tgt)
+    assert [(f[0], f[-1], len(f)) for f in files] == [(0, 398, 203), (400, 798, 201)]
+    assert all(f == sorted(f) for f in files), "every file holds its rows in key order"
+    result = check_table(tgt, "sorted", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=view.timeline))
+    assert result.ok, result.problems
 
 
 @pytest.mark.parametrize("staging", ["gathered", "distributed"])
@@ -226,6 +257,7 @@ def test_small_files_are_compacted_through_the_commit_path(spark, tmp_path, monk
     source = DeltaTable(src).to_pyarrow_table()
     assert _rows(tgt) == Counter((i, int(v)) for i, v in zip(source.column("id").to_pylist(),
                                                               source.column("v").to_pylist()) if v != "bad")
+    assert all(ids == sorted(ids) for ids in _ids_by_file(tgt)), "compacted files keep the key order"
 
 
 def test_a_layout_is_fixed_with_its_table(spark, tmp_path):

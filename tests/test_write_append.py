@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import types as T
 
@@ -13,7 +16,7 @@ from mvsink.mint import Description
 from mvsink.target.create import create_target
 from mvsink.updates import table_schema
 from mvsink.view import ChangesInput, ViewDefinition
-from mvsink.write import batch_updates, stage
+from mvsink.write import ROW_GROUP_ROWS, _FileWriter, batch_updates, stage
 
 USER = T.StructType([T.StructField("id", T.LongType()), T.StructField("v", T.StringType())])
 SCHEMA = table_schema(USER)
@@ -125,13 +128,6 @@ def test_a_staged_file_dictionary_encodes_only_the_columns_its_rows_repeat(tmp_p
     """A key or hash column (mostly distinct values) is written plain, as Spark's writer ends up
     writing it; a column of few values, a sparse one and a date stay dictionary-encoded; a nested
     column is not; every value reads back as written."""
-    import datetime
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from mvsink.write import _FileWriter
-
     n = 30_000
     rows = pa.table({
         "id": pa.array(range(n), pa.int64()),
@@ -152,3 +148,17 @@ def test_a_staged_file_dictionary_encodes_only_the_columns_its_rows_repeat(tmp_p
     assert dictionary == {"id": False, "note": False, "segment": True, "sparse": True, "day": True,
                           "tags.list.element": False}, dictionary
     assert file.read().equals(rows)
+
+
+def test_a_staged_file_holds_row_groups_a_lookup_can_skip(tmp_path):
+    rows = 2 * ROW_GROUP_ROWS + 5_000
+    writer = _FileWriter(str(tmp_path), "f.parquet")
+    for start in range(0, rows, 10_000):  # as Spark hands a task its rows
+        writer.write(pa.record_batch({"id": pa.array(range(start, min(start + 10_000, rows)), pa.int64())}))
+    writer.close()
+    metadata = pq.ParquetFile(tmp_path / "f.parquet").metadata
+    sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+    assert sizes == [ROW_GROUP_ROWS, ROW_GROUP_ROWS, 5_000]
+    bounds = [metadata.row_group(i).column(0).statistics for i in range(metadata.num_row_groups)]
+    assert [(b.min, b.max) for b in bounds] == [(0, ROW_GROUP_ROWS - 1), (ROW_GROUP_ROWS, 2 * ROW_GROUP_ROWS - 1),
+                                                (2 * ROW_GROUP_ROWS, rows - 1)]

@@ -234,6 +234,4 @@ def spark_session(app_name: str = "mvsink", extra_conf: dict[str, str] | None = 
 
 
 if __name__ == "__main__":
-    import sys
-
     print(",".join(delta_jars() + (s3a_jars() if "--s3" in sys.argv[1:] else [])))

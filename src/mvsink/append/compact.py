@@ -62,7 +62,7 @@ from mvsink.table import file_uri, latest_version
 from mvsink.mint import Description
 from mvsink.target.read import since_of
 from mvsink.updates import DIFF, ERROR, RESERVED, TIME, advance_times, consolidate, normalize
-from mvsink.write import StagedBatch, stage
+from mvsink.write import StagedBatch, sort_column, stage
 
 log = logging.getLogger(__name__)
 
@@ -133,10 +133,13 @@ def compact(spark: SparkSession, shard: Shard, schema: T.StructType, since: int)
                           f"conflicted {_MAX_ATTEMPTS} times")
 
 
-def compact_files(spark: SparkSession, shard: Shard, schema: T.StructType, error_files: list[str]) -> CompactionResult:
-    """Table layout: the small data files rewritten into fewer, the error files ``error_files``
-    (the view's, as its read-back last saw them) folded into one; see the module doc."""
+def compact_files(spark: SparkSession, shard: Shard, schema: T.StructType, error_files: list[str],
+                  key: list[str] | None = None) -> CompactionResult:
+    """Table layout: the small data files rewritten into fewer, each in the order of the view's
+    prune column (``key``'s first column, else the first), the error files ``error_files`` (the
+    view's, as its read-back last saw them) folded into one; see the module doc."""
     columns = [f.name for f in schema.fields if f.name not in RESERVED]
+    order_by = sort_column((key or columns)[0], schema)
     for attempt in range(1, _MAX_ATTEMPTS + 1):
         table = shard.table()
         upper = shard.upper_of(table)
@@ -158,7 +161,7 @@ def compact_files(spark: SparkSession, shard: Shard, schema: T.StructType, error
                                schema)
             parts.append(consolidate(advance_times(errors, upper)).coalesce(1))
         batch = stage(reduce(DataFrame.unionByName, parts), Description(upper, upper + 1), shard.target,
-                      shard.view_id, shard.replica_id, plain_columns=columns)
+                      shard.view_id, shard.replica_id, plain_columns=columns, order_by=order_by)
         if not _still_present(shard, small):
             _discard(shard, batch, f"files to compact were removed meanwhile (attempt {attempt})")
             continue

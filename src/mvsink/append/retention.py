@@ -122,7 +122,7 @@ class Upkeep:
         if view.layout == TABLE:
             if len(small_files(table)) <= COMPACT_SMALL_FILES and len(view.readback.error_files) <= COMPACT_SMALL_FILES:
                 return
-            result = compact_files(view.spark, view.shard, view.schema, view.readback.error_files)
+            result = compact_files(view.spark, view.shard, view.schema, view.readback.error_files, view.view.key)
         elif files < self.files_after_compaction + COMPACT_AFTER_FILES:
             return
         else:

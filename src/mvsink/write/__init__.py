@@ -53,7 +53,11 @@ STAGED_PREFIX = "mvsink-"
 #: which Delta readers and VACUUM leave alone (see :mod:`mvsink.target.layout`).
 ERRORS_DIR = "_mv_errors"
 
-#: Rows a staged file buffers before writing them as one Parquet row group (in memory, Arrow).
+#: A staged file's Parquet row groups hold this many rows at most (DuckDB's own writer uses
+#: 122,880): in a file sorted by the view's first key column, a reader looking up a key reads
+#: the footer and one row group, skipping the others by their statistics.
+ROW_GROUP_ROWS = 131_072
+#: ... and this many bytes at most (in memory, Arrow), for wide rows.
 ROW_GROUP_BYTES = 64 << 20
 
 _FILE_LIST_SCHEMA = T.StructType(
@@ -135,7 +139,8 @@ def batch_updates(corrections: DataFrame, desc: Description, corrections_since: 
 
 
 def stage(updates: DataFrame, desc: Description, target: str, view_id: str, replica_id: str,
-          key_ranges: KeyRanges | None = None, plain_columns: list[str] | None = None) -> StagedBatch:
+          key_ranges: KeyRanges | None = None, plain_columns: list[str] | None = None,
+          order_by: str | None = None) -> StagedBatch:
     """Write ``updates`` into ``target``'s directory, one file per non-empty Spark partition.
 
     With ``key_ranges``, each task also reports its file's key range
@@ -144,8 +149,12 @@ def stage(updates: DataFrame, desc: Description, target: str, view_id: str, repl
 
     With ``plain_columns`` (the table layout; ``updates`` hold no negative diff of an ok row), a
     task writes its ok rows as plain rows (those columns, a row repeated as often as its diff
-    says) and its error updates as they are into a file of its own under :data:`ERRORS_DIR`."""
+    says) and its error updates as they are into a file of its own under :data:`ERRORS_DIR`.
+    With ``order_by``, each file's rows are in that column's order (a sort within each Spark
+    partition, no shuffle; see :func:`sort_column`)."""
     prefix = staged_prefix(view_id, desc, replica_id)
+    if order_by is not None:
+        updates = updates.sortWithinPartitions(order_by)
     schema = _FILE_LIST_SCHEMA if key_ranges is None else T.StructType(
         _FILE_LIST_SCHEMA.fields + key_ranges.schema.fields)
     writer = _partition_writer(target, prefix, key_ranges, plain_columns, to_arrow_schema(schema))
@@ -228,6 +237,31 @@ def plain_rows(batch: pa.RecordBatch, columns: list[str]) -> pa.RecordBatch:
     return rows.take(pa.array(np.repeat(np.arange(len(diffs)), diffs)))
 
 
+def sort_column(column: str, schema: T.StructType) -> str | None:
+    """The column a table-layout view's files are sorted by: ``column`` (the view's prune column:
+    its key's first column, else its first column), where Spark and Arrow can order it (not a
+    map, list or struct); None otherwise.
+
+    Sorted, each row group of a file covers a narrow range of it, so a lookup by key reads one
+    row group per file; the rewrites find a retraction's files by the same column's statistics
+    (:mod:`mvsink.write.rewrite`)."""
+    kind = schema[column].dataType if column in schema.fieldNames() else None
+    if kind is None or isinstance(kind, (T.MapType, T.ArrayType, T.StructType)):
+        return None
+    return column
+
+
+def sorted_rows(rows: pa.Table, column: str | None) -> pa.Table:
+    """``rows`` in ``column``'s order, nulls first (as Spark sorts them); as they are without a
+    column."""
+    if column is None or rows.num_rows < 2:
+        return rows
+    try:
+        return rows.sort_by([(column, "ascending", "at_start")])
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):  # a type Arrow cannot order
+        return rows
+
+
 #: Rows of a file's first batch whose distinct values choose its columns' encoding.
 _DICTIONARY_SAMPLE = 10_000
 
@@ -255,8 +289,9 @@ def dictionary_columns(first: pa.RecordBatch) -> list[str]:
 class _FileWriter:
     """One staged Parquet file with its Delta statistics, opened by its first non-empty batch.
 
-    Batches are buffered into row groups of about :data:`ROW_GROUP_BYTES` (Spark hands a task
-    batches of 10,000 rows; a row group each would make the file slow to write and to read). The
+    Batches are buffered into row groups of :data:`ROW_GROUP_ROWS` rows or about
+    :data:`ROW_GROUP_BYTES` (Spark hands a task batches of 10,000 rows; a row group each would
+    make the file slow to write and to read). The
     file carries a page index (column and offset indexes, as Spark's Parquet writer writes them):
     a reader looking up a key skips the pages whose bounds exclude it, which made DuckDB's lookup
     of one key in a 500,000-row file about 2x faster.
@@ -268,7 +303,7 @@ class _FileWriter:
         self.remote = storage.is_s3(target)
         self.writer = self.sink = self.stats = self.local_dir = None
         self.buffered: list[pa.RecordBatch] = []
-        self.buffered_bytes = 0
+        self.buffered_rows = self.buffered_bytes = 0
 
     def _open(self, first: pa.RecordBatch) -> None:
         schema = first.schema
@@ -292,24 +327,33 @@ class _FileWriter:
         if self.writer is None:
             self._open(batch)
         self.buffered.append(batch)
+        self.buffered_rows += batch.num_rows
         self.buffered_bytes += batch.nbytes
-        if self.buffered_bytes >= ROW_GROUP_BYTES:
+        if self.buffered_rows >= ROW_GROUP_ROWS or self.buffered_bytes >= ROW_GROUP_BYTES:
             self._flush()
 
-    def _flush(self) -> None:
+    def _flush(self, last: bool = False) -> None:
+        """Write the buffered rows as row groups; all of them if ``last``, else the full row
+        groups (a smaller rest stays buffered, unless it is held back by bytes)."""
         if not self.buffered:
             return
         rows = pa.Table.from_batches(self.buffered)
-        self.writer.write_table(rows, row_group_size=rows.num_rows)
-        self.stats.add(rows)
-        self.buffered, self.buffered_bytes = [], 0
+        take = rows.num_rows
+        if not last and self.buffered_bytes < ROW_GROUP_BYTES:
+            take -= rows.num_rows % ROW_GROUP_ROWS
+        if take:
+            self.writer.write_table(rows.slice(0, take), row_group_size=ROW_GROUP_ROWS)
+            self.stats.add(rows.slice(0, take))
+        rest = rows.slice(take)
+        self.buffered = rest.to_batches() if rest.num_rows else []
+        self.buffered_rows, self.buffered_bytes = rest.num_rows, rest.nbytes if rest.num_rows else 0
 
     def close(self) -> dict | None:
         """Finish the file (upload it, on an object store); its file-list row, None if empty."""
         if self.writer is None:
             return None
         try:
-            self._flush()
+            self._flush(last=True)
             self.writer.close()
             self.sink.close()
             fs, root = storage.filesystem(self.target)

@@ -38,7 +38,8 @@ from pyspark.sql import functions as F
 from mvsink import failpoints
 from mvsink.mint import Description
 from mvsink.updates import DIFF, ERROR
-from mvsink.write import ERRORS_DIR, StagedBatch, StagedFile, _FileWriter, plain_rows, stage, staged_prefix
+from mvsink.write import (ERRORS_DIR, StagedBatch, StagedFile, _FileWriter, plain_rows, sort_column, sorted_rows, stage,
+                          staged_prefix)
 from mvsink.write.rewrite import COPIES, TableFile, rewrite_gathered, rewrite_retractions
 
 if TYPE_CHECKING:
@@ -54,20 +55,22 @@ def stage_plain(spark: SparkSession, updates: DataFrame, desc: Description, targ
                 replica_id: str, table_files: list[TableFile], columns: list[str], prune_column: str,
                 key_ranges: KeyRanges | None = None) -> StagedBatch:
     """Stage ``updates`` (the batch for ``desc``) against ``table_files`` (the table's data files
-    as the read-back saw them); see the module doc."""
+    as the read-back saw them); see the module doc. Every data file staged holds its rows in
+    the order of ``prune_column`` (:func:`~mvsink.write.sort_column`)."""
     prefix = staged_prefix(view_id, desc, replica_id)
+    order_by = sort_column(prune_column, updates.schema)
     if table_files and key_ranges is None:
         started = time.monotonic()
         gathered = updates.limit(GATHERED_UPDATES + 1).toArrow()
         if gathered.num_rows <= GATHERED_UPDATES:
-            return _stage_gathered(spark, gathered, desc, target, table_files, columns, prune_column, prefix,
-                                   time.monotonic() - started)
+            return _stage_gathered(spark, gathered, desc, target, table_files, columns, prune_column, order_by,
+                                   prefix, time.monotonic() - started)
     rewrites = None
     if table_files:
         retractions = updates.where(F.col(ERROR).isNull() & (F.col(DIFF) < 0))
         rewrites = rewrite_retractions(spark, retractions, table_files, target, prefix, columns, prune_column)
         updates = updates.where(F.col(ERROR).isNotNull() | (F.col(DIFF) > 0))
-    batch = stage(updates, desc, target, view_id, replica_id, key_ranges, plain_columns=columns)
+    batch = stage(updates, desc, target, view_id, replica_id, key_ranges, plain_columns=columns, order_by=order_by)
     if rewrites is not None:
         batch.files += rewrites.files
         batch.removes = rewrites.removes
@@ -77,7 +80,7 @@ def stage_plain(spark: SparkSession, updates: DataFrame, desc: Description, targ
 
 def _stage_gathered(spark: SparkSession, updates: pa.Table, desc: Description, target: str,
                     table_files: list[TableFile], columns: list[str], prune_column: str,
-                    prefix: str, gathering: float) -> StagedBatch:
+                    order_by: str | None, prefix: str, gathering: float) -> StagedBatch:
     started = time.monotonic()
     ok = pc.is_null(updates.column(ERROR))
     rows = updates.filter(ok)
@@ -88,10 +91,11 @@ def _stage_gathered(spark: SparkSession, updates: pa.Table, desc: Description, t
     batch = StagedBatch(desc, target, updates=updates.num_rows)
     if retractions.num_rows:
         wanted = retractions.select(columns).append_column(COPIES, pc.negate(retractions.column(DIFF)))
-        rewrites, inserts = rewrite_gathered(spark, wanted, inserts, table_files, target, prefix, prune_column)
+        rewrites, inserts = rewrite_gathered(spark, wanted, inserts, table_files, target, prefix, prune_column,
+                                             order_by)
         batch.files, batch.removes = rewrites.files, rewrites.removes
     rewritten = time.monotonic()
-    batch.files += _write(target, f"{prefix}-driver.parquet", inserts)
+    batch.files += _write(target, f"{prefix}-driver.parquet", sorted_rows(inserts, order_by))
     batch.error_files = _write(target, f"{ERRORS_DIR}/{prefix}-driver.parquet", updates.filter(pc.invert(ok)))
     log.info("staged %d updates for %s through the driver: %d files added, %d removed; gathered in %.2fs, "
              "rewrites %.2fs, driver writes %.2fs", updates.num_rows, desc, len(batch.files), len(batch.removes),

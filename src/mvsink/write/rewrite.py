@@ -9,7 +9,7 @@ here is never one that changed meanwhile. Files whose min/max statistics of the 
 (the view's first key column, else its first column) cannot hold a retracted value are not read.
 
 Two ways, both one Spark task per file rewritten (pyarrow: the file without the deleted
-positions, rows in their order):
+positions; a file sorted by the prune column stays sorted, see :func:`mvsink.write.sort_column`):
 
 * :func:`rewrite_gathered`, for a batch held on the driver (:mod:`mvsink.write.plain`): the
   retractions are broadcast, and one task per candidate file finds their copies in it (a
@@ -50,7 +50,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from mvsink import storage
 from mvsink.table import file_uri
 from mvsink.updates import DIFF
-from mvsink.write import _FILE_LIST_SCHEMA, StagedFile, _delete_if_exists, _FileWriter
+from mvsink.write import _FILE_LIST_SCHEMA, StagedFile, _delete_if_exists, _FileWriter, sorted_rows
 
 log = logging.getLogger(__name__)
 
@@ -217,17 +217,19 @@ _NAN = ("mvsink-nan",)
 
 def rewrite_gathered(spark: SparkSession, retractions: pa.Table, inserts: pa.Table,
                      table_files: list[TableFile], target: str, prefix: str,
-                     prune_column: str) -> tuple[Rewrites, pa.Table]:
+                     prune_column: str, order_by: str | None) -> tuple[Rewrites, pa.Table]:
     """Stage the rewrites that take ``retractions`` (the view's columns and :data:`COPIES`, held
     on the driver) out of ``table_files``, folding ``inserts`` (plain rows) into the rewritten
-    files; see the module doc. Returns the rewrites and the inserts no rewrite took."""
+    files, each insert into the file whose range of the prune column it falls in; see the module
+    doc. A rewritten file holds its rows in ``order_by``'s order. Returns the rewrites and the
+    inserts no rewrite took."""
     copies = retractions.column(COPIES).to_pylist()
     candidates = _prune_by_values(table_files, list(set(retractions.column(prune_column).to_pylist())))
     if not candidates:
         raise RetractionNotFound(f"no file of the table can hold the {sum(copies)} row copies the batch "
                                  "retracts; the read-back is behind the table")
-    shares = _shares(inserts, len(candidates))
-    outcomes = _run_rewrites(spark, candidates, retractions, shares, {}, target, prefix, prune_column)
+    shares = _shares(inserts, candidates, prune_column)
+    outcomes = _run_rewrites(spark, candidates, retractions, shares, {}, target, prefix, prune_column, order_by)
     matched = [0] * len(copies)
     for outcome in outcomes.values():
         for r, n in outcome.matched.items():
@@ -244,7 +246,7 @@ def rewrite_gathered(spark: SparkSession, retractions: pa.Table, inserts: pa.Tab
         redone = [f for f in candidates if f.path in quotas]
         outcomes.update(_run_rewrites(spark, redone, retractions,
                                       [shares[candidates.index(f)] for f in redone], quotas, target,
-                                      prefix + "-q", prune_column))
+                                      prefix + "-q", prune_column, order_by))
     touched = [f for f in candidates if outcomes[f.path].rewritten]
     unplaced = [shares[i] for i, f in enumerate(candidates) if not outcomes[f.path].rewritten]
     log.info("retracting %d copies (%d updates): %d of %d files read, %d rewritten, %d inserted rows "
@@ -270,8 +272,24 @@ class _Outcome:
     deleted: dict[int, int]
 
 
-def _shares(inserts: pa.Table, n: int) -> list[pa.Table]:
-    """``inserts`` cut into ``n`` consecutive, nearly equal shares."""
+def _shares(inserts: pa.Table, files: list[TableFile], prune_column: str) -> list[pa.Table]:
+    """``inserts`` cut into one share per file of ``files``: a row goes to the last file (by the
+    low bound of its prune column) whose range starts at or below the row's value, nulls and
+    values below every range to the first, so files that hold disjoint ranges keep them as far as
+    the inserts allow. Where a file's bounds are unknown or cannot be compared with the values:
+    consecutive, nearly equal shares."""
+    n = len(files)
+    lows = [f.low for f in files]
+    if inserts.num_rows and None not in lows:
+        try:
+            order = sorted(range(n), key=lambda i: lows[i])
+            starts = [lows[i] for i in order]
+            owners = np.fromiter((order[max(0, bisect.bisect_right(starts, v) - 1)] if v is not None else order[0]
+                                  for v in inserts.column(prune_column).to_pylist()), dtype=np.int64,
+                                 count=inserts.num_rows)
+            return [inserts.filter(pa.array(owners == i)) for i in range(n)]
+        except TypeError:
+            pass
     bounds = [inserts.num_rows * i // n for i in range(n + 1)]
     return [inserts.slice(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
 
@@ -309,10 +327,10 @@ _OUTCOME_SCHEMA = T.StructType(_FILE_LIST_SCHEMA.fields + [
 
 def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.Table, shares: list[pa.Table],
                   quotas: dict[str, dict[int, int]], target: str, prefix: str,
-                  prune_column: str) -> dict[str, _Outcome]:
+                  prune_column: str, order_by: str | None) -> dict[str, _Outcome]:
     """One Spark task per file: find the retracted rows' copies in it, and where it holds one,
     rewrite it without the copies to delete (up to `k` of each row in file order, or its quota)
-    and with its share of the inserts. Returns each file's outcome."""
+    and with its share of the inserts, in ``order_by``'s order. Returns each file's outcome."""
     payload = spark.sparkContext.broadcast(_ipc([retractions] + shares))
     jobs = [(f.path, i, [list(q) for q in sorted((quotas.get(f.path) or {}).items())]) for i, f in enumerate(files)]
     frame = spark.createDataFrame(jobs, "path STRING, share INT, quotas ARRAY<ARRAY<BIGINT>>").repartition(len(jobs))
@@ -342,7 +360,8 @@ def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.T
                     writer = _FileWriter(target, f"{prefix}-rw{context.partitionId():05d}-{share}-"
                                                  f"{context.attemptNumber()}.parquet")
                     try:
-                        for piece in rows.filter(pa.array(keep)).to_batches() + given[share].to_batches():
+                        kept = pa.concat_tables([rows.filter(pa.array(keep)), given[share]])
+                        for piece in sorted_rows(kept, order_by).to_batches():
                             writer.write(piece)
                         row = writer.close()
                     except BaseException:
