@@ -348,8 +348,9 @@ class SnapshotDesired(Desired):
         return feeds
 
     def _ranged_columns(self, name: str, schema: T.StructType) -> list[str]:
-        """Source ``name``'s columns (of ``schema``) whose ranges in its change other reads are
-        pruned by: its join keys, or a per-group aggregate's grouping columns of a type ranges prune."""
+        """Source ``name``'s columns (of ``schema``) whose values in its change prune reads by
+        their ranges: its join keys (the other sides' reads), or a per-group aggregate's grouping
+        columns of a type ranges prune (the source's own reads)."""
         if self.per_group is not None:
             return [c for c in self.per_group.columns if is_ranged(schema[c].dataType.simpleString())]
         return sorted({column for pairs in self._join_keys.get(name, {}).values() for column, _ in pairs})
