@@ -664,6 +664,7 @@ def from_the_feed_and_recomputed(spark, tmp_path, src: str, sql: str, edit: Call
 
     views = {name: view(name) for name in ("from_feed", "recomputed")}
     views["recomputed"].desired.row_wise, views["recomputed"].desired.aggregate = False, None
+    views["recomputed"].desired.per_group = None
     late = view("from_feed", "r2")
     for round_ in range(rounds + 1):
         for each in views.values():

@@ -121,7 +121,7 @@ def join_keys(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, dict[s
     for left, right in _equalities(plan):
         a, b = columns.get(left), columns.get(right)
         if (a is None or b is None or a[0] is None or b[0] is None or a[0] == b[0] or a[2] != b[2]
-                or not (a[2] in _RANGED_TYPES or a[2].startswith("decimal("))):
+                or not is_ranged(a[2])):
             continue
         for (one, column), (other, other_column) in (((a[0], a[1]), (b[0], b[1])), ((b[0], b[1]), (a[0], a[1]))):
             pairs = keys.setdefault(one, {}).setdefault(other, [])
@@ -152,6 +152,12 @@ def _equalities(plan) -> list[tuple[int, int]]:
             children = node.children()
             pending += [children.apply(i) for i in range(children.size())]
     return found
+
+
+def is_ranged(type_name: str) -> bool:
+    """Whether a column of the type ``type_name`` (its simple string) can be pruned by ranges:
+    one of :data:`_RANGED_TYPES` or a decimal."""
+    return type_name in _RANGED_TYPES or type_name.startswith("decimal(")
 
 
 def key_sets(columns: list[str]) -> list:
@@ -206,21 +212,23 @@ def _cut(values: list) -> list[tuple]:
     return [(values[start], values[end - 1]) for start, end in zip(starts, [*cuts, len(values)])]
 
 
-def pruned(rows: DataFrame, column: str, ranges: list[tuple]) -> DataFrame:
-    """``rows`` where ``column`` lies in one of ``ranges`` (none: no row), as a filter Delta's
-    data skipping and Parquet's row group filters read (literals of the column's type). Built as
-    one SQL expression: a Column per bound would cost a round trip to the JVM each."""
-    if not ranges:
-        return rows.where(F.lit(False))
-    data_type = rows.schema[column].dataType
+def pruned(rows: DataFrame, column: str, ranges: list[tuple], nulls: bool = False) -> DataFrame:
+    """``rows`` where ``column`` lies in one of ``ranges`` (none: no row), or with ``nulls`` is
+    null, as a filter Delta's data skipping and Parquet's row group filters read (literals of the
+    column's type; a null by the files' null counts). Built as one SQL expression: a Column per
+    bound would cost a round trip to the JVM each."""
     name = "`" + column.replace("`", "``") + "`"
+    if not ranges:
+        return rows.where(F.expr(f"{name} IS NULL") if nulls else F.lit(False))
+    data_type = rows.schema[column].dataType
 
     def within(least, greatest) -> str:
         if least == greatest:
             return f"{name} = {_literal(least, data_type)}"
         return f"({name} >= {_literal(least, data_type)} AND {name} <= {_literal(greatest, data_type)})"
 
-    return rows.where(F.expr(" OR ".join(within(*r) for r in ranges)))
+    conditions = [within(*r) for r in ranges] + ([f"{name} IS NULL"] if nulls else [])
+    return rows.where(F.expr(" OR ".join(conditions)))
 
 
 def _literal(value, data_type: T.DataType) -> str:

@@ -1,10 +1,10 @@
 """A query view's refresh policy, and why a query cannot be maintained from its sources' changes.
 
 ``auto`` (the default) maintains the query from its sources' changes where its shape allows
-(row-wise, linear aggregate, inner join: :mod:`mvsink.desired.snapshot`) and evaluates it in full
-otherwise; ``incremental`` refuses at start a query that cannot be maintained, naming the first
-operator of its plan that none of those strategies maintains (:func:`unmaintained_operator`);
-``full`` evaluates every query in full.
+(row-wise, linear aggregate, inner join, per-group aggregate: :mod:`mvsink.desired.snapshot`) and
+evaluates it in full otherwise; ``incremental`` refuses at start a query that cannot be maintained,
+naming the first operator of its plan that none of those strategies maintains
+(:func:`unmaintained_operator`); ``full`` evaluates every query in full.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame
 
 from mvsink.desired.row_wise import plan_reads_subqueries
 
-#: Plan nodes some strategy maintains (an ``Aggregate`` only at the top).
+#: Plan nodes some strategy maintains (an ``Aggregate`` only at or near the top).
 _MAINTAINED = frozenset({"Project", "Filter", "Join", "Aggregate"})
 _INNER_JOINS = frozenset({"Inner", "Cross"})
 
@@ -41,5 +41,6 @@ def unmaintained_operator(result: DataFrame) -> str:
         children = node.children()
         pending += [children.apply(i) for i in range(children.size())]
     if aggregates:
-        return "an Aggregate that is not count/sum/avg of integers or decimals grouped by columns"
+        return ("an Aggregate that is neither count/sum/avg of integers or decimals grouped by columns nor "
+                "order-free aggregates of one source grouped by its columns")
     return "a source read twice" if joins else f"the plan {plan.nodeName()} over {scans} scans"

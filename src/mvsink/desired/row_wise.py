@@ -46,7 +46,13 @@ def passed_through(result: DataFrame, columns: tuple[str, ...]) -> tuple[str, ..
     output = {a.name(): a.exprId().id() for a in _items(plan.output())}
     if any(c not in output for c in columns):
         return None
-    ids, node = [output[c] for c in columns], plan
+    return leaf_columns(plan, [output[c] for c in columns])
+
+
+def leaf_columns(plan, ids: list[int]) -> tuple[str, ...] | None:
+    """For a row-wise logical ``plan``: the names of its leaf's columns that its output
+    attributes of ``ids`` are, value for value; None if one of them is computed."""
+    node = plan
     while node.nodeName() in ROW_WISE_NODES:
         if node.nodeName() == "Project":  # a filter passes its input's columns on as they are
             named = {e.exprId().id(): e for e in _items(node.projectList())}

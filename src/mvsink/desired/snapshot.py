@@ -8,11 +8,13 @@ time, has none). A *row-wise* query (projections and filters of one source,
 removed files, feed or no feed): the work follows the change and no result is kept. A *linear
 aggregate* (counts and exact sums grouped by columns over a row-wise query,
 :mod:`mvsink.desired.linear_aggregate`) keeps its groups' state in Spark and moves it by the
-aggregates of the source's changes. Any other query is evaluated once per such time, emitting where
-consecutive results differ: the new result at +1 and the last at -1, consolidated (each distinct
-row's count difference, exactly a multiset difference both ways, in one shuffle); the last result is
-kept in Spark (a local checkpoint, which spills to disk), never on the driver. A row-wise or
-aggregate view whose source's changes cannot be read for a range (a version without change data feed
+aggregates of the source's changes. Another aggregate of one source grouped by its columns (min,
+max, distinct counts, sums of floating point: :mod:`mvsink.desired.per_group`) is recomputed for
+the groups the source's changes touch, before and after. Any other query is evaluated once per such
+time, emitting where consecutive results differ: the new result at +1 and the last at -1,
+consolidated (each distinct row's count difference, exactly a multiset difference both ways, in one
+shuffle); the last result is kept in Spark (a local checkpoint, which spills to disk), never on the
+driver. A row-wise or aggregate view whose source's changes cannot be read for a range (a version without change data feed
 that has deletion vectors, files gone) is evaluated that way too, from the result before the range.
 SQL runs in a session of the view's own, where the sources are registered under their names, so
 views never see each other's sources. A query reading ``views`` (a pipeline's views over views) is
@@ -35,9 +37,10 @@ from pyspark.sql import types as T
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.changes import NET, Changes, SourceRead, delta_reads, feed_is_small, held_changes, unreadable
-from mvsink.desired.join import is_inner_join, join_keys, key_ranges, key_sets, pruned, reads_each_once
+from mvsink.desired.join import is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned, reads_each_once
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
+from mvsink.desired.per_group import PerGroup, in_groups, per_group
 from mvsink.desired.refresh import unmaintained_operator
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 from mvsink.desired.sources import Desired
@@ -61,8 +64,10 @@ class SourceFeeds:
     rows: dict[str, DataFrame]
     #: Whether every change is small (one task holds it).
     small: bool
-    #: The ranges of each change's join keys, by source and column.
+    #: The ranges of each change's join keys (or grouping columns), by source and column.
     ranges: dict[tuple[str, str], list[tuple]]
+    #: Whether each change has a null in the column, by source and column (as ``ranges``).
+    nulls: dict[tuple[str, str], bool]
     #: Each change's ``(time, diff)`` pairs that have rows.
     present: dict[str, set[tuple[int, int]]]
 
@@ -86,6 +91,8 @@ class SnapshotDesired(Desired):
         self._state: DataFrame | None = None
         self._state_time: int | None = None
         self._state_groups = 0
+        #: The query's shape if it is a per-group aggregate (:mod:`mvsink.desired.per_group`).
+        self.per_group: PerGroup | None = None
         super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
         held = self._held_rows() if len(self.sources) == 1 or self.join or self.aggregate is not None else None
         over_held = self._query(held) if held is not None else None
@@ -101,6 +108,8 @@ class SnapshotDesired(Desired):
                 linear_aggregate(over_held, HELD_ROWS, len(held)) != self.aggregate
                 or len(held) > 1 and not reads_each_once(over_held, list(held.values()))):
             self.aggregate = None
+        if self.per_group is not None and per_group(over_held, HELD_ROWS) != self.per_group:
+            self.per_group = None
         self._apply_refresh_policy()
         #: For a join (or an aggregate over one): per source, the other sources it equals columns
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
@@ -117,6 +126,10 @@ class SnapshotDesired(Desired):
         by ``mvsink explain``)."""
         if self.row_wise:
             return "its query is row-wise: its changes are the query over the source's changes"
+        if self.per_group is not None:
+            return ("its query is an aggregate of one source grouped by its columns: its changes are the groups "
+                    "the source's changes touch, recomputed before and after; the source read only where "
+                    f"({', '.join(self.per_group.columns)}) meet the change's")
         if self.aggregate is not None:
             described = "its query is a linear aggregate: its changes are its groups' changes from the source's changes"
         elif self.join:
@@ -142,11 +155,16 @@ class SnapshotDesired(Desired):
         """``full``: no strategy but full evaluation; ``incremental``: a query that none maintains
         is refused, naming what stops it (:mod:`mvsink.desired.refresh`)."""
         if self.input.refresh == "full":
-            self.row_wise, self.aggregate, self.join = False, None, False
-        elif self.input.refresh == "incremental" and not (self.row_wise or self.join or self.aggregate is not None):
+            self.row_wise, self.aggregate, self.join, self.per_group = False, None, False, None
+        elif self.input.refresh == "incremental" and not self._maintained:
             raise ConfigError(f"view {self.view.view_id!r} has refresh incremental, but its query cannot be "
                               f"maintained from its sources' changes: {self._why_full()}; evaluate it in full "
                               "(refresh auto or full) or change the query")
+
+    @property
+    def _maintained(self) -> bool:
+        """Whether some strategy computes the changes from the sources' changes."""
+        return self.row_wise or self.join or self.aggregate is not None or self.per_group is not None
 
     def _session(self) -> SparkSession:
         """The session the query runs in: for SQL, one of the view's own (its sources' names)."""
@@ -194,6 +212,8 @@ class SnapshotDesired(Desired):
         self.row_wise = is_row_wise(result, TABLE_SCAN)
         self.join = len(self.sources) > 1 and is_inner_join(result, TABLE_SCAN, len(self.sources))
         self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.sources))
+        if len(self.sources) == 1 and self.aggregate is None:
+            self.per_group = per_group(result, TABLE_SCAN)
         return result.schema
 
     def _held_rows(self) -> dict[str, DataFrame]:
@@ -225,7 +245,7 @@ class SnapshotDesired(Desired):
         if self.aggregate is not None:  # its groups' state, held: the next changes move it
             self._hold_state(time)
             contents = self._groups.output(self._state)
-        elif self.row_wise or self.join:
+        elif self.row_wise or self.join or self.per_group is not None:
             contents = self._result_at(time)
         else:  # kept: the next changes are the difference to it
             self._remember(time, self._result_at(time))
@@ -239,7 +259,8 @@ class SnapshotDesired(Desired):
 
     @property
     def snapshot_is_stored(self) -> bool:
-        # a row-wise query or join over pinned versions, the query's checkpointed result, or its groups' held state
+        # a query (row-wise, join, per-group) over pinned versions, the query's checkpointed result, or its
+        # groups' held state
         return True
 
     def changes(self, lo: int, hi: int) -> Changes | None:
@@ -249,7 +270,9 @@ class SnapshotDesired(Desired):
             return None
         strategy, from_feed = (("row-wise", self._row_wise_changes) if self.row_wise
                                else ("linear aggregate", self._aggregate_changes) if self.aggregate is not None
-                               else ("inner join", self._join_changes) if self.join else (None, None))
+                               else ("inner join", self._join_changes) if self.join
+                               else ("per-group recompute", self._per_group_changes) if self.per_group is not None
+                               else (None, None))
         if from_feed is not None:
             try:
                 return replace(from_feed(times), strategy=strategy)
@@ -297,10 +320,11 @@ class SnapshotDesired(Desired):
         """Each source's changes at ``times`` (of those whose version moves), held (read once
         for all the times), and where several sources are joined, a small change broadcast to
         the joins; whether every change is small; the ranges of each change's join keys (by
-        source and column) the other sides are read in (:func:`~mvsink.desired.join.key_ranges`);
-        and the times and diffs each change has rows at. What is known of a change is observed
-        by the Spark job that holds it (a small change's join keys too)."""
-        feeds = SourceFeeds({}, True, {}, {})
+        source and column) the other sides are read in (:func:`~mvsink.desired.join.key_ranges`;
+        for a per-group aggregate, of its grouping columns, by which the source is read) and
+        whether each has a null; and the times and diffs each change has rows at. What is known of
+        a change is observed by the Spark job that holds it (a small change's join keys too)."""
+        feeds = SourceFeeds({}, True, {}, {}, {})
         before = self.timeline.versions(times[0] - 1)
         self._pinned_reads = {(name, version): rows for (name, version), rows in self._pinned_reads.items()
                               if version >= before[name]}
@@ -309,9 +333,12 @@ class SnapshotDesired(Desired):
                 continue
             feed, first, last = self._feed(times, name)
             is_small = feed_is_small(self.sources[name], first, last)
-            columns = sorted({column for pairs in self._join_keys.get(name, {}).values() for column, _ in pairs})
-            observed = [F.to_json(F.collect_set(F.array(TIME, DIFF))), *(key_sets(columns) if is_small else [])]
-            held, (present, *sets) = held_observing(feed, f"{_FEED_KEYS}_{len(feeds.rows)}", *observed)
+            columns = self._ranged_columns(name, feed.schema)
+            observed = [F.to_json(F.collect_set(F.array(TIME, DIFF))), *(F.max(F.col(c).isNull()) for c in columns),
+                        *(key_sets(columns) if is_small else [])]
+            held, (present, *found) = held_observing(feed, f"{_FEED_KEYS}_{len(feeds.rows)}", *observed)
+            nulls, sets = found[:len(columns)], found[len(columns):]
+            feeds.nulls.update({(name, column): bool(null) for column, null in zip(columns, nulls)})
             feeds.rows[name] = F.broadcast(held) if is_small and len(self.sources) > 1 else held
             feeds.present[name] = {tuple(pair) for pair in json.loads(present)}
             feeds.small = feeds.small and is_small
@@ -319,6 +346,14 @@ class SnapshotDesired(Desired):
                 feeds.ranges.update({(name, column): cut for column, cut
                                      in key_ranges(held, columns, sets if is_small else None).items()})
         return feeds
+
+    def _ranged_columns(self, name: str, schema: T.StructType) -> list[str]:
+        """Source ``name``'s columns (of ``schema``) whose values in its change prune reads by
+        their ranges: its join keys (the other sides' reads), or a per-group aggregate's grouping
+        columns of a type ranges prune (the source's own reads)."""
+        if self.per_group is not None:
+            return [c for c in self.per_group.columns if is_ranged(schema[c].dataType.simpleString())]
+        return sorted({column for pairs in self._join_keys.get(name, {}).values() for column, _ in pairs})
 
     def _change_terms(self, time: int, feeds: SourceFeeds) -> list[tuple[int, DataFrame]]:
         """The query's change at ``time`` as terms ``(diff, result)``: per source whose version
@@ -392,6 +427,28 @@ class SnapshotDesired(Desired):
         if not aggregate.rows_are_distinct:
             return replace(held_changes(updates, times[0], self.view.key), reads=reads)
         return Changes(updates, size, times[0], key_moves if self.view.key else None, reads=reads)
+
+    def _per_group_changes(self, times: list[int]) -> Changes:
+        """Per time, the query over the source at its version (+1) and at the version before (-1),
+        each restricted to the groups of the source's rows changed at that time, consolidated (see
+        :mod:`mvsink.desired.per_group`); the source is read where the grouping columns lie in the
+        ranges of the step's changed values (or are null, where some is), then exactly in them."""
+        (name,) = self.sources
+        feeds = self._source_feeds(times)
+        columns, parts = self.per_group.columns, []
+        for time in times:
+            if not {(time, 1), (time, -1)} & feeds.present[name]:
+                continue
+            groups = feeds.rows[name].where(F.col(TIME) == time).select(*columns).distinct()
+            for diff, at in ((1, time), (-1, time - 1)):
+                rows = self._pinned(name, self.timeline.versions(at)[name])
+                for column in (c for c in columns if (name, c) in feeds.ranges):
+                    rows = pruned(rows, column, feeds.ranges[name, column], feeds.nulls[name, column])
+                restricted = in_groups(rows, groups, columns, feeds.small)
+                parts.append(self._as_updates(self._query({name: restricted}), time, diff))
+        updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
+        changes = held_changes(updates, times[0], self.view.key, reads=True)
+        return replace(changes, reads=self._named(changes.reads))
 
     @staticmethod
     def _feed_rows(feed: DataFrame, time: int) -> list[tuple[int, DataFrame]]:
@@ -470,7 +527,7 @@ class SnapshotDesired(Desired):
             self._remember(time, self._result_at(time))
             parts += [self._as_updates(self._previous, time, 1), self._as_updates(previous, time, -1)]
         updates = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
-        if self.row_wise or self.aggregate is not None or self.join:  # back to the sources' changes next time
+        if self._maintained:  # back to the sources' changes next time
             self._previous = self._previous_time = None
         return updates
 

@@ -1,0 +1,86 @@
+"""Whether a snapshot view's query is a *per-group* aggregate, and its changes by recomputing the changed groups.
+
+A query is a per-group aggregate when its optimized logical plan is one ``Aggregate`` (under any
+projections and filters: ``HAVING``, expressions of aggregates) that groups by columns (at least
+one), each a column of its one source passed through unchanged
+(:func:`~mvsink.desired.row_wise.leaf_columns`), over a row-wise query of that source
+(:mod:`mvsink.desired.row_wise`), every expression deterministic, no subquery, and every aggregate
+function one whose result does not depend on the order of its rows (:data:`ORDER_FREE`: ``min``,
+``max``, ``count`` and ``count(DISTINCT ...)``, ``sum``, ``avg``, ``stddev``, ``percentile``...;
+not ``first``, ``collect_list``, ``max_by``). A linear aggregate
+(:mod:`mvsink.desired.linear_aggregate`) keeps its own strategy; this one takes the others.
+
+Each output row then depends on the source rows of one group only (the rows whose grouping
+columns have one value; a null is a value: a group). With ``G(t)`` the distinct grouping values of
+the source's rows changed at time ``t`` (inserted and deleted), every group outside ``G(t)`` has
+the same rows at ``t`` as at the time before, so the same output rows: the view's change at ``t``
+is the query over the source at ``t``'s version restricted to ``G(t)`` at +1, and over the version
+before restricted to ``G(t)`` at -1, consolidated. The restriction is applied to the source's rows,
+below the aggregate (:func:`in_groups`, null-safe), after the read is pruned to a few ranges of
+``G``'s values (:func:`~mvsink.desired.join.pruned`), so Delta skips the files of other groups
+(:class:`~mvsink.desired.snapshot.SnapshotDesired` reads the changes and the ranges once per step).
+
+Invariant: the rows retracted for a group at ``t`` are the rows the group had, recomputed from the
+version before; they equal the rows added for it earlier wherever the aggregate's result does not
+depend on how Spark splits the rows among tasks: always but for sums (and averages, deviations) of
+floating point, which Spark itself computes exactly only where the partial sums are exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import reduce
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from mvsink.desired.row_wise import ROW_WISE_NODES, leaf_columns, plan_is_row_wise, plan_reads_subqueries
+
+#: Aggregate functions (Catalyst's names) whose result does not depend on the order of the rows.
+ORDER_FREE = frozenset({"Min", "Max", "Count", "Sum", "Average", "StddevSamp", "StddevPop", "VarianceSamp",
+                        "VariancePop", "Percentile", "HyperLogLogPlusPlus"})
+
+
+@dataclass(frozen=True)
+class PerGroup:
+    """The shape of a per-group aggregate: the source's columns it groups by."""
+
+    columns: tuple[str, ...]
+
+
+def per_group(result: DataFrame, scan: str) -> PerGroup | None:
+    """The shape of ``result`` (a query over one ``scan`` leaf) if it is a per-group aggregate."""
+    plan = result._jdf.queryExecution().optimizedPlan()
+    if not plan.deterministic() or plan_reads_subqueries(result, plan):
+        return None
+    node = plan
+    while node.nodeName() in ROW_WISE_NODES:
+        node = node.children().head()
+    if node.nodeName() != "Aggregate" or not plan_is_row_wise(node.child(), scan):
+        return None
+    groups = _items(node.groupingExpressions())
+    if not groups or any(g.nodeName() != "AttributeReference" for g in groups):
+        return None
+    if not all(name in ORDER_FREE for e in _items(node.aggregateExpressions()) for name in _functions(e)):
+        return None
+    columns = leaf_columns(node.child(), [g.exprId().id() for g in groups])
+    return PerGroup(columns) if columns is not None else None
+
+
+def _functions(expression) -> list[str]:
+    """The names of the aggregate functions in ``expression``."""
+    if expression.nodeName() == "AggregateExpression":
+        return [expression.aggregateFunction().nodeName()]
+    return [name for child in _items(expression.children()) for name in _functions(child)]
+
+
+def in_groups(rows: DataFrame, groups: DataFrame, columns: tuple[str, ...], small: bool) -> DataFrame:
+    """``rows`` whose ``columns`` equal those of a row of ``groups`` (its distinct values of
+    them), nulls equal to nulls: a semi-join (``groups`` broadcast if ``small``)."""
+    condition = reduce(lambda a, b: a & b, [rows[c].eqNullSafe(groups[c]) for c in columns])
+    return rows.join(F.broadcast(groups) if small else groups, condition, "left_semi")
+
+
+def _items(seq) -> list:
+    """A Scala ``Seq``'s items."""
+    return [seq.apply(i) for i in range(seq.size())]
