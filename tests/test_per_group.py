@@ -1,6 +1,6 @@
 """Per-group aggregates (:mod:`mvsink.desired.per_group`): which queries are, and that their changes
 (the groups the source's changes touch, recomputed before and after) are exactly the differences of
-the query's results (min, max, distinct counts and averages of doubles together, duplicate rows,
+the query's results (min, max, distinct counts and averages of decimals together, duplicate rows,
 null groups and values, groups that appear, empty and reappear, rows moving between groups,
 versions without change data feed), beside the same view evaluated in full; that a step reads only
 the changed groups' files; and the strategy the view reports, explains and is refused without."""
@@ -8,6 +8,7 @@ the changed groups' files; and the strategy the view reports, explains and is re
 from __future__ import annotations
 
 import random
+from decimal import Decimal
 
 import pytest
 
@@ -18,8 +19,7 @@ from mvsink.desired import snapshot
 from mvsink.desired.per_group import PerGroup, per_group
 from mvsink.desired.row_wise import TABLE_SCAN
 
-SCHEMA = "id BIGINT, grp STRING, sub INT, qty INT, weight DOUBLE"
-#: Weights are multiples of 0.25: their sums are exact in any order, as Spark's full evaluation's.
+SCHEMA = "id BIGINT, grp STRING, sub INT, qty INT, weight DECIMAL(10,2)"
 QUERY = ("SELECT grp AS g, sub, min(qty) AS lo, max(weight) AS hi, count(DISTINCT qty) AS kinds, "
          "avg(weight) AS mean, count(*) AS n FROM src WHERE id % 7 <> 3 GROUP BY grp, sub")
 HAVING = "SELECT grp, max(weight) AS hi FROM src GROUP BY grp HAVING count(*) > 2"
@@ -31,7 +31,10 @@ STRATEGY = "per-group recompute"
     ("SELECT grp, max(qty) + 1 AS m FROM src GROUP BY grp", ("grp",)),   # an expression of an aggregate
     (HAVING, ("grp",)),
     ("SELECT DISTINCT sub, grp FROM src", ("sub", "grp")),
-    ("SELECT grp, sum(weight) AS w, stddev(weight) AS s FROM src GROUP BY grp", ("grp",)),
+    ("SELECT grp, sum(weight) AS w, max(qty) AS m FROM src GROUP BY grp", ("grp",)),   # an exact sum
+    ("SELECT grp, sum(CAST(weight AS DOUBLE)) AS w, max(qty) AS m FROM src GROUP BY grp", None),  # float sum
+    ("SELECT grp, avg(CAST(weight AS DOUBLE)) AS w FROM src GROUP BY grp", None),
+    ("SELECT grp, stddev(weight) AS s FROM src GROUP BY grp", None),             # computed in doubles
     ("SELECT upper(grp) AS g, max(qty) AS m FROM src GROUP BY upper(grp)", None),  # a computed group
     ("SELECT max(qty) AS m FROM src", None),                                     # one row even when empty
     ("SELECT grp, first(qty) AS f FROM src GROUP BY grp", None),                  # order-dependent
@@ -41,7 +44,8 @@ STRATEGY = "per-group recompute"
     ("SELECT grp, count(DISTINCT qty) AS a, count(DISTINCT sub) AS b FROM src GROUP BY grp", None),  # Expand
     ("SELECT grp, max(n) AS m FROM (SELECT grp, sub, count(*) AS n FROM src GROUP BY grp, sub) GROUP BY grp", None),
     ("SELECT a.grp, max(a.qty) AS m FROM src a JOIN src b ON a.id = b.id GROUP BY a.grp", None),
-], ids=["query", "expression", "having", "distinct", "floats", "computed-group", "no-group-by", "first",
+], ids=["query", "expression", "having", "distinct", "decimal-sum", "double-sum", "double-avg", "stddev",
+         "computed-group", "no-group-by", "first",
         "collect-list", "rand", "subquery", "two-distinct", "nested", "self-join"])
 def test_which_queries_are_per_group_aggregates(spark, tmp_path, sql, columns):
     query = query_over_a_source(spark, tmp_path, sql, (1, "a", 1, 2, 0.5), SCHEMA)
@@ -165,7 +169,7 @@ def test_a_step_reads_only_the_changed_groups_files(spark, tmp_path):
     sql = "SELECT sub, max(weight) AS hi, count(DISTINCT qty) AS kinds FROM src GROUP BY sub"
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, schema=SCHEMA)
-    rows = [(i, "a", i // 2 + 1, i % 3, i / 4) for i in range(160)] + [(500, "a", None, 1, 0.5)]
+    rows = [(i, "a", i // 2 + 1, i % 3, Decimal(i) / 4) for i in range(160)] + [(500, "a", None, 1, Decimal("0.5"))]
     spark.createDataFrame(rows, SCHEMA).repartitionByRange(8, "sub").write.format("delta").mode("append").save(src)
     view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=sql), sources={"src": src},
                                                   replica_id="r1"))

@@ -6,8 +6,10 @@ one), each a column of its one source passed through unchanged
 (:func:`~mvsink.desired.row_wise.leaf_columns`), over a row-wise query of that source
 (:mod:`mvsink.desired.row_wise`), every expression deterministic, no subquery, and every aggregate
 function one whose result does not depend on the order of its rows (:data:`ORDER_FREE`: ``min``,
-``max``, ``count`` and ``count(DISTINCT ...)``, ``sum``, ``avg``, ``stddev``, ``percentile``...;
-not ``first``, ``collect_list``, ``max_by``). A linear aggregate
+``max``, ``count`` and ``count(DISTINCT ...)``, ``percentile``, and ``sum`` and ``avg`` of integers
+and decimals (:data:`EXACT_INPUT`); not ``first``, ``collect_list``, ``max_by``, nor sums, averages
+and deviations of floating point, whose last bits depend on how Spark splits the rows among tasks).
+A linear aggregate
 (:mod:`mvsink.desired.linear_aggregate`) keeps its own strategy; this one takes the others.
 
 Each output row then depends on the source rows of one group only (the rows whose grouping
@@ -21,9 +23,11 @@ below the aggregate (:func:`in_groups`, null-safe), after the read is pruned to 
 (:class:`~mvsink.desired.snapshot.SnapshotDesired` reads the changes and the ranges once per step).
 
 Invariant: the rows retracted for a group at ``t`` are the rows the group had, recomputed from the
-version before; they equal the rows added for it earlier wherever the aggregate's result does not
-depend on how Spark splits the rows among tasks: always but for sums (and averages, deviations) of
-floating point, which Spark itself computes exactly only where the partial sums are exact.
+version before; they equal the rows added for it earlier, because every aggregate taken gives the
+same result however Spark splits the rows among tasks (a floating-point sum would not: which files
+a step's read prunes changes the split, and a retraction off in its last bit would leave the old row
+in the view). An average of integers is a sum of doubles in Spark, exact while the sums stay within
+2**53, as for a linear aggregate.
 """
 
 from __future__ import annotations
@@ -37,8 +41,11 @@ from pyspark.sql import functions as F
 from mvsink.desired.row_wise import ROW_WISE_NODES, leaf_columns, plan_is_row_wise, plan_reads_subqueries
 
 #: Aggregate functions (Catalyst's names) whose result does not depend on the order of the rows.
-ORDER_FREE = frozenset({"Min", "Max", "Count", "Sum", "Average", "StddevSamp", "StddevPop", "VarianceSamp",
-                        "VariancePop", "Percentile", "HyperLogLogPlusPlus"})
+ORDER_FREE = frozenset({"Min", "Max", "Count", "Percentile", "HyperLogLogPlusPlus"})
+#: ... and those whose result does not where their input is exact (integral or decimal), not
+#: floating point.
+EXACT_INPUT = frozenset({"Sum", "Average"})
+_FLOATING = frozenset({"float", "double"})
 
 
 @dataclass(frozen=True)
@@ -61,17 +68,26 @@ def per_group(result: DataFrame, scan: str) -> PerGroup | None:
     groups = _items(node.groupingExpressions())
     if not groups or any(g.nodeName() != "AttributeReference" for g in groups):
         return None
-    if not all(name in ORDER_FREE for e in _items(node.aggregateExpressions()) for name in _functions(e)):
+    if not all(_order_free(f) for e in _items(node.aggregateExpressions()) for f in _functions(e)):
         return None
     columns = leaf_columns(node.child(), [g.exprId().id() for g in groups])
     return PerGroup(columns) if columns is not None else None
 
 
-def _functions(expression) -> list[str]:
-    """The names of the aggregate functions in ``expression``."""
+def _functions(expression) -> list:
+    """The aggregate functions in ``expression`` (Catalyst's)."""
     if expression.nodeName() == "AggregateExpression":
-        return [expression.aggregateFunction().nodeName()]
-    return [name for child in _items(expression.children()) for name in _functions(child)]
+        return [expression.aggregateFunction()]
+    return [function for child in _items(expression.children()) for function in _functions(child)]
+
+
+def _order_free(function) -> bool:
+    """Whether ``function``'s result is the same in any order of its rows (:data:`ORDER_FREE`,
+    :data:`EXACT_INPUT`)."""
+    name = function.nodeName()
+    if name in EXACT_INPUT:
+        return all(child.dataType().typeName() not in _FLOATING for child in _items(function.children()))
+    return name in ORDER_FREE
 
 
 def in_groups(rows: DataFrame, groups: DataFrame, columns: tuple[str, ...], small: bool) -> DataFrame:

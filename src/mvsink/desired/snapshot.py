@@ -9,7 +9,7 @@ removed files, feed or no feed): the work follows the change and no result is ke
 aggregate* (counts and exact sums grouped by columns over a row-wise query,
 :mod:`mvsink.desired.linear_aggregate`) keeps its groups' state in Spark and moves it by the
 aggregates of the source's changes. Another aggregate of one source grouped by its columns (min,
-max, distinct counts, sums of floating point: :mod:`mvsink.desired.per_group`) is recomputed for
+max, distinct counts, percentiles: :mod:`mvsink.desired.per_group`) is recomputed for
 the groups the source's changes touch, before and after. Any other query is evaluated once per such
 time, emitting where consecutive results differ: the new result at +1 and the last at -1,
 consolidated (each distinct row's count difference, exactly a multiset difference both ways, in one
