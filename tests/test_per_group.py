@@ -117,7 +117,7 @@ def test_per_group_changes_equal_the_differences_of_the_query_results(spark, tmp
         spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
     next_id = [100]
     view = from_the_feed_and_recomputed(spark, tmp_path, src, sql, lambda: _edit(spark, src, rng, next_id),
-                                        rounds=6, rng=rng, key=key)
+                                        rounds=4, rng=rng, key=key)
     assert view.desired.per_group is not None and view.desired._previous is None
     assert strategies and set(strategies) == {STRATEGY}, strategies
 
