@@ -42,7 +42,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.desired.row_wise import plan_reads_subqueries
+from mvsink.desired.row_wise import plan_reads_subqueries, scala_items
 
 #: Plan nodes over which a query stays linear in each source: row-wise nodes and inner joins.
 _LINEAR_NODES = frozenset({"Project", "Filter", "Join"})
@@ -115,7 +115,7 @@ def join_keys(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, dict[s
     columns = {}  # an output attribute's id -> (source, column, type)
     for leaf in leaves or []:
         name = by_rdd.get(leaf.rdd().id())
-        for attribute in _items(leaf.output()):
+        for attribute in scala_items(leaf.output()):
             columns[attribute.exprId().id()] = (name, attribute.name(), attribute.dataType().simpleString())
     keys: dict[str, dict[str, list[tuple[str, str]]]] = {}
     for left, right in _equalities(plan):
@@ -242,8 +242,3 @@ def _literal(value, data_type: T.DataType) -> str:
     else:
         text = str(int(value))
     return f"CAST({text} AS {data_type.simpleString()})"
-
-
-def _items(seq) -> list:
-    """A Scala ``Seq``'s items."""
-    return [seq.apply(i) for i in range(seq.size())]

@@ -38,7 +38,7 @@ from functools import reduce
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from mvsink.desired.row_wise import ROW_WISE_NODES, leaf_columns, plan_is_row_wise, plan_reads_subqueries
+from mvsink.desired.row_wise import ROW_WISE_NODES, leaf_columns, plan_is_row_wise, plan_reads_subqueries, scala_items
 
 #: Aggregate functions (Catalyst's names) whose result does not depend on the order of the rows.
 ORDER_FREE = frozenset({"Min", "Max", "Count", "Percentile", "HyperLogLogPlusPlus"})
@@ -65,10 +65,10 @@ def per_group(result: DataFrame, scan: str) -> PerGroup | None:
         node = node.children().head()
     if node.nodeName() != "Aggregate" or not plan_is_row_wise(node.child(), scan):
         return None
-    groups = _items(node.groupingExpressions())
+    groups = scala_items(node.groupingExpressions())
     if not groups or any(g.nodeName() != "AttributeReference" for g in groups):
         return None
-    if not all(_order_free(f) for e in _items(node.aggregateExpressions()) for f in _functions(e)):
+    if not all(_order_free(f) for e in scala_items(node.aggregateExpressions()) for f in _functions(e)):
         return None
     columns = leaf_columns(node.child(), [g.exprId().id() for g in groups])
     return PerGroup(columns) if columns is not None else None
@@ -78,7 +78,7 @@ def _functions(expression) -> list:
     """The aggregate functions in ``expression`` (Catalyst's)."""
     if expression.nodeName() == "AggregateExpression":
         return [expression.aggregateFunction()]
-    return [function for child in _items(expression.children()) for function in _functions(child)]
+    return [function for child in scala_items(expression.children()) for function in _functions(child)]
 
 
 def _order_free(function) -> bool:
@@ -86,7 +86,7 @@ def _order_free(function) -> bool:
     :data:`EXACT_INPUT`)."""
     name = function.nodeName()
     if name in EXACT_INPUT:
-        return all(child.dataType().typeName() not in _FLOATING for child in _items(function.children()))
+        return all(child.dataType().typeName() not in _FLOATING for child in scala_items(function.children()))
     return name in ORDER_FREE
 
 
@@ -95,8 +95,3 @@ def in_groups(rows: DataFrame, groups: DataFrame, columns: tuple[str, ...], smal
     them), nulls equal to nulls: a semi-join (``groups`` broadcast if ``small``)."""
     condition = reduce(lambda a, b: a & b, [rows[c].eqNullSafe(groups[c]) for c in columns])
     return rows.join(F.broadcast(groups) if small else groups, condition, "left_semi")
-
-
-def _items(seq) -> list:
-    """A Scala ``Seq``'s items."""
-    return [seq.apply(i) for i in range(seq.size())]

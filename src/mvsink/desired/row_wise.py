@@ -43,7 +43,7 @@ def passed_through(result: DataFrame, columns: tuple[str, ...]) -> tuple[str, ..
     """For a row-wise ``result``: the names of its leaf's columns that its ``columns`` are, value
     for value (selected as they are, or renamed); None if one of them is computed."""
     plan = result._jdf.queryExecution().optimizedPlan()
-    output = {a.name(): a.exprId().id() for a in _items(plan.output())}
+    output = {a.name(): a.exprId().id() for a in scala_items(plan.output())}
     if any(c not in output for c in columns):
         return None
     return leaf_columns(plan, [output[c] for c in columns])
@@ -55,19 +55,19 @@ def leaf_columns(plan, ids: list[int]) -> tuple[str, ...] | None:
     node = plan
     while node.nodeName() in ROW_WISE_NODES:
         if node.nodeName() == "Project":  # a filter passes its input's columns on as they are
-            named = {e.exprId().id(): e for e in _items(node.projectList())}
+            named = {e.exprId().id(): e for e in scala_items(node.projectList())}
             sources = [named.get(i) for i in ids]
             sources = [e.child() if e is not None and e.nodeName() == "Alias" else e for e in sources]
             if any(e is None or e.nodeName() != "AttributeReference" for e in sources):
                 return None
             ids = [e.exprId().id() for e in sources]
         node = node.children().head()
-    leaf = {a.exprId().id(): a.name() for a in _items(node.output())}
+    leaf = {a.exprId().id(): a.name() for a in scala_items(node.output())}
     return tuple(leaf[i] for i in ids) if all(i in leaf for i in ids) else None
 
 
-def _items(seq) -> list:
-    """A Scala ``Seq``'s items."""
+def scala_items(seq) -> list:
+    """A Scala ``Seq``'s items (of a plan read through the JVM)."""
     return [seq.apply(i) for i in range(seq.size())]
 
 
