@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from helpers import create_source, insert
+from helpers import create_source, edit_customers, edit_orders, insert
 from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition, read_view
 from mvsink.desired.join import is_inner_join, reads_each_once
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN
@@ -46,34 +46,6 @@ def test_which_queries_are_inner_joins(spark, tmp_path, sql, join):
             and reads_each_once(over_held, held)) is join
 
 
-def _edit_orders(spark, src: str, rng: random.Random, next_id: list[int]) -> None:
-    """Duplicate rows, null join keys, rows moving to another customer, deletes, and a row
-    deleted and inserted again in one commit."""
-    kind = rng.choice(["insert", "move", "delete", "reinsert"])
-    if kind == "insert":
-        rows = [(next_id[0] + i, rng.choice([1, 2, 3, 4, None]), rng.randint(0, 5)) for i in range(rng.randint(1, 4))]
-        next_id[0] += len(rows)
-        insert(spark, src, rows + rows[:1])  # a duplicate
-    elif kind == "move":
-        spark.sql(f"UPDATE delta.`{src}` SET cust = {rng.randint(1, 5)} WHERE pmod(id, 4) = {rng.randint(0, 3)}")
-    elif kind == "delete":
-        spark.sql(f"DELETE FROM delta.`{src}` WHERE pmod(id, 5) = {rng.randint(0, 4)}")
-    else:
-        id_ = rng.randint(0, 30)
-        spark.sql(f"INSERT INTO delta.`{src}` REPLACE WHERE id = {id_} SELECT * FROM delta.`{src}` WHERE id = {id_}")
-
-
-def _edit_customers(spark, src: str, rng: random.Random) -> None:
-    """Customers changing segment, duplicated, deleted, null keys, appearing."""
-    kind = rng.choice(["segment", "delete", "insert"])
-    if kind == "segment":
-        spark.sql(f"UPDATE delta.`{src}` SET segment = '{rng.choice('xyz')}' WHERE cust = {rng.randint(1, 5)}")
-    elif kind == "delete":
-        spark.sql(f"DELETE FROM delta.`{src}` WHERE cust = {rng.randint(1, 5)}")
-    else:
-        insert(spark, src, [(rng.choice([1, 2, 3, 4, 5, None]), rng.choice("xyz"))])
-
-
 @pytest.mark.parametrize("sql, feed", [(JOIN, True), (JOIN, False), (AGGREGATE, False)],
                          ids=["join", "join-no-feed", "aggregate-no-feed"])
 def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, sql, feed):
@@ -106,9 +78,9 @@ def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, s
             late.run_until_caught_up()
         for _ in range(rng.randint(1, 3)):
             if rng.random() < 0.7:
-                _edit_orders(spark, orders, rng, next_id)
+                edit_orders(spark, orders, rng, next_id)
             if rng.random() < 0.6:
-                _edit_customers(spark, customers, rng)
+                edit_customers(spark, customers, rng)
     for each in [*views.values(), late]:
         each.run_until_caught_up()
     upper = views["joined"].observed_upper
@@ -133,7 +105,7 @@ def test_the_refresh_policy_and_the_strategy_each_step_reports(spark, tmp_path):
                                                       SnapshotInput(sql=sql, refresh=refresh), sources=sources,
                                                       replica_id="r1"))
 
-    left = "SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust"
+    left = "SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust < c.cust"  # no key
     with pytest.raises(ConfigError, match="refresh incremental.*it has a LeftOuter Join"):
         view("left", left, "incremental")
     views = {"inner join": view("auto", JOIN, "auto"), "full evaluation": view("full", JOIN, "full")}
@@ -182,8 +154,8 @@ def test_the_other_side_is_read_only_where_the_change_can_join_it(spark, tmp_pat
     next_id = [300]
     for _ in range(5):
         for _ in range(rng.randint(1, 3)):
-            _edit_orders(spark, orders, rng, next_id)
-            _edit_customers(spark, customers, rng)
+            edit_orders(spark, orders, rng, next_id)
+            edit_customers(spark, customers, rng)
         for each in views.values():
             each.run_until_caught_up()
     upper = views["pruned"].observed_upper
@@ -196,7 +168,7 @@ def test_the_other_side_is_read_only_where_the_change_can_join_it(spark, tmp_pat
 
 def test_explain_says_the_strategy_of_a_view_and_why(spark, tmp_path, capsys):
     """``mvsink explain view.yaml``: an inner join with the keys its other sides are pruned by,
-    a left join evaluated in full naming the operator, refused under ``incremental`` (exit 1),
+    a left join with no key evaluated in full naming the operator, refused under ``incremental`` (exit 1),
     nothing written (no target, no timeline)."""
     from mvsink.replica import cli
 
@@ -214,9 +186,9 @@ def test_explain_says_the_strategy_of_a_view_and_why(spark, tmp_path, capsys):
     code, out = explain(JOIN)
     assert code == 0 and f"view v: key (id) -> {tmp_path}/target, refresh auto" in out, out
     assert "its query is an inner join" in out and "(customers.cust = orders.cust)" in out, out
-    left = "SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust"
+    left = "SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust < c.cust"  # no key
     code, out = explain(left)
-    assert code == 0 and "evaluated in full at each time (it has a LeftOuter Join)" in out, out
+    assert code == 0 and "evaluated in full at each time (it has a LeftOuter Join with no key" in out, out
     code, out = explain(left, "incremental")
     assert code != 0 and "refresh incremental" in out and "LeftOuter Join" in out, out
     assert not (tmp_path / "target").exists() and not (tmp_path / "target_timeline").exists()

@@ -49,7 +49,7 @@ STRATEGY = "per-group recompute"
         "collect-list", "rand", "subquery", "two-distinct", "nested", "self-join"])
 def test_which_queries_are_per_group_aggregates(spark, tmp_path, sql, columns):
     query = query_over_a_source(spark, tmp_path, sql, (1, "a", 1, 2, 0.5), SCHEMA)
-    assert per_group(query, TABLE_SCAN) == (PerGroup(columns) if columns else None)
+    assert per_group(query, TABLE_SCAN) == (PerGroup({"source 1": columns}) if columns else None)
 
 
 def test_a_linear_aggregate_keeps_its_strategy(spark, tmp_path):

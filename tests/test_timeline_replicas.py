@@ -13,8 +13,8 @@ from deltalake import DeltaTable
 
 from helpers import Replica, create_source, edit_with_restarts, insert, view_upper_of, wait_for, write_config
 from mvsink.check import TimelineReader, caught_up, check_table
-from timeline_views import (CUSTOMERS, LINEITEM, ORDERS, ORDERS_WITH_CUSTOMERS_COLUMNS, ORDERS_WITH_CUSTOMERS_SQL,
-                            REVENUE_COLUMNS, Independent)
+from timeline_views import (CUSTOMERS, LINEITEM, ORDERS, ORDERS_LEFT_CUSTOMERS_SQL, ORDERS_WITH_CUSTOMERS_COLUMNS,
+                            ORDERS_WITH_CUSTOMERS_SQL, REVENUE_COLUMNS, Independent)
 
 SOURCE_COMMITS = 36
 RESTARTS = 4
@@ -42,7 +42,7 @@ def _edit(spark, sources: dict[str, str], rng: random.Random, n: int, next_id: l
         spark.sql(f"DELETE FROM delta.`{lineitem}` WHERE line % 4 = {n % 4}")
 
 
-@pytest.mark.parametrize("replicas,view", [(2, "orders_with_customers"), (3, "revenue")])
+@pytest.mark.parametrize("replicas,view", [(2, "orders_with_customers"), (2, "orders_left_customers"), (3, "revenue")])
 def test_replicas_of_a_view_over_three_sources_keep_every_time_exact(spark, tmp_path, replicas, view):
     rng = random.Random(2000 + replicas)
     sources = {name: str(tmp_path / name) for name in ("orders", "customers", "lineitem")}
@@ -51,8 +51,9 @@ def test_replicas_of_a_view_over_three_sources_keep_every_time_exact(spark, tmp_
     create_source(spark, sources["orders"], [(10 + i, 1 + i % 5, 10 * i) for i in range(8)], ORDERS)
     create_source(spark, sources["lineitem"], [(10 + i, j, i + j) for i in range(8) for j in range(2)], LINEITEM)
     target, timeline = str(tmp_path / view), str(tmp_path / "shop_timeline")
-    if view == "orders_with_customers":
-        spec = {"key": ["id"], "input": {"kind": "snapshot", "sql": ORDERS_WITH_CUSTOMERS_SQL}}
+    if view in ("orders_with_customers", "orders_left_customers"):  # an inner join, a key join
+        sql = ORDERS_WITH_CUSTOMERS_SQL if view == "orders_with_customers" else ORDERS_LEFT_CUSTOMERS_SQL
+        spec = {"key": ["id"], "input": {"kind": "snapshot", "sql": sql}}
         columns = ORDERS_WITH_CUSTOMERS_COLUMNS
     else:
         spec = {"key": ["customer"], "input": {"kind": "snapshot", "query": f"{VIEWS}:revenue_per_customer"}}
@@ -75,6 +76,10 @@ def test_replicas_of_a_view_over_three_sources_keep_every_time_exact(spark, tmp_
         for replica in fleet:
             replica.kill(signal.SIGTERM)
 
+    said = "".join(log.read_text() for log in logs.glob("*.log"))
+    strategy = {"orders_with_customers": "by inner join", "orders_left_customers": "by per-key recompute",
+                "revenue": "by full evaluation"}[view]
+    assert strategy in said, f"no step logged {strategy!r}"
     reader = TimelineReader(timeline)
     upper = DeltaTable(timeline).transaction_version("mvsink:timeline")
     versions = [reader.versions(t) for t in range(upper)]
@@ -82,7 +87,7 @@ def test_replicas_of_a_view_over_three_sources_keep_every_time_exact(spark, tmp_
     for before, after in zip(versions, versions[1:]):
         assert all(after[s] >= before[s] for s in sources), "no source goes back in time"
     independent = Independent(timeline, sources)
-    expected = independent.orders_with_customers if view == "orders_with_customers" else independent.revenue
+    expected = getattr(independent, view)
     result = check_table(target, view, columns, expected)
     print(f"{replicas} replicas of {view}, {restarts} restarts, {SOURCE_COMMITS} source commits, "
           f"{upper} times: {result.summary()}")

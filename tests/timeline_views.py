@@ -17,6 +17,10 @@ ORDERS_WITH_CUSTOMERS_SQL = (
     "SELECT o.id, c.name, c.nation, o.amount FROM orders o JOIN customers c ON o.customer = c.id"
 )
 ORDERS_WITH_CUSTOMERS_COLUMNS = ["id", "name", "nation", "amount"]
+#: Every order, with its customer's name and nation where there is one (a key join).
+ORDERS_LEFT_CUSTOMERS_SQL = (
+    "SELECT o.id, c.name, c.nation, o.amount FROM orders o LEFT JOIN customers c ON o.customer = c.id"
+)
 REVENUE_COLUMNS = ["customer", "orders", "revenue"]
 
 
@@ -41,14 +45,18 @@ class Independent:
     def _at(self, t: int, name: str) -> list[dict]:
         return rows(self.sources[name], self.timeline.versions(t)[name])
 
-    def orders_with_customers(self, t: int) -> Counter:
+    def orders_with_customers(self, t: int, left: bool = False) -> Counter:
         customers = {c["id"]: c for c in self._at(t, "customers")}
         out = Counter()
         for o in self._at(t, "orders"):
             c = customers.get(o["customer"])
-            if c is not None:
+            if c is not None or left:
+                c = c or {"name": None, "nation": None}
                 out[(o["id"], c["name"], c["nation"], o["amount"])] += 1
         return out
+
+    def orders_left_customers(self, t: int) -> Counter:
+        return self.orders_with_customers(t, left=True)
 
     def revenue(self, t: int) -> Counter:
         lines: dict[int, list[int]] = {}

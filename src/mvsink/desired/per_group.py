@@ -1,29 +1,41 @@
-"""Whether a snapshot view's query is a *per-group* aggregate, and its changes by recomputing the changed groups.
+"""Whether a snapshot view's query is *per-group*, and its changes by recomputing the changed groups.
 
-A query is a per-group aggregate when its optimized logical plan is one ``Aggregate`` (under any
-projections and filters: ``HAVING``, expressions of aggregates) that groups by columns (at least
-one), each a column of its one source passed through unchanged
-(:func:`~mvsink.desired.row_wise.leaf_columns`), over a row-wise query of that source
-(:mod:`mvsink.desired.row_wise`), every expression deterministic, no subquery, and every aggregate
-function one whose result does not depend on the order of its rows (:data:`ORDER_FREE`: ``min``,
-``max``, ``count`` and ``count(DISTINCT ...)``, ``percentile``, and ``sum`` and ``avg`` of integers
-and decimals (:data:`EXACT_INPUT`); not ``first``, ``collect_list``, ``max_by``, nor sums, averages
-and deviations of floating point, whose last bits depend on how Spark splits the rows among tasks).
-A linear aggregate
-(:mod:`mvsink.desired.linear_aggregate`) keeps its own strategy; this one takes the others.
+A query is per-group when its rows fall into groups, each group's rows depending only on the
+source rows with one value of some columns (a null is a value: a group), and those columns are the
+sources' own, passed through unchanged (:func:`~mvsink.desired.row_wise.leaf_columns`). Its
+optimized logical plan, every expression deterministic and no subquery, is one of:
 
-Each output row then depends on the source rows of one group only (the rows whose grouping
-columns have one value; a null is a value: a group). With ``G(t)`` the distinct grouping values of
-the source's rows changed at time ``t`` (inserted and deleted), every group outside ``G(t)`` has
-the same rows at ``t`` as at the time before, so the same output rows: the view's change at ``t``
-is the query over the source at ``t``'s version restricted to ``G(t)`` at +1, and over the version
-before restricted to ``G(t)`` at -1, consolidated. The restriction is applied to the source's rows,
-below the aggregate (:func:`in_groups`, null-safe), after the read is pruned to a few ranges of
-``G``'s values (:func:`~mvsink.desired.join.pruned`), so Delta skips the files of other groups
+* an **aggregate of one source** grouped by its columns: one ``Aggregate`` (under any projections
+  and filters: ``HAVING``, expressions of aggregates) grouping by source columns (at least one) over
+  a row-wise query of the source (:mod:`mvsink.desired.row_wise`); the group's value is that of the
+  grouping columns;
+* a **key join** of several sources: projections, filters and joins (inner, left, right and full
+  outer, semi, anti) over one scan per source, each read once, where some columns, one per source
+  (or a few: a composite key), are equated by every join's condition (a conjunct ``a = b`` between
+  the two sides' columns); optionally under one ``Aggregate`` grouping by such a column of a source
+  no outer join pads with nulls (so the group holds one key). Every row of a join holds rows of
+  its sources with one key value (a join matches only equal keys), and whether a row is padded
+  depends only on the other side's rows of that key: the group's value is the key's.
+
+Every aggregate function must be one whose result does not depend on the order of its rows
+(:data:`ORDER_FREE`: ``min``, ``max``, ``count`` and ``count(DISTINCT ...)``, ``percentile``, and
+``sum`` and ``avg`` of integers and decimals (:data:`EXACT_INPUT`); not ``first``,
+``collect_list``, ``max_by``, nor sums, averages and deviations of floating point, whose last bits
+depend on how Spark splits the rows among tasks). A linear aggregate
+(:mod:`mvsink.desired.linear_aggregate`) and an inner join (:mod:`mvsink.desired.join`) keep their
+own strategies, cheaper; this one takes the others.
+
+With ``G(t)`` the distinct group values of the sources' rows changed at time ``t`` (inserted and
+deleted, of every source that moved), every group outside ``G(t)`` has the same source rows at ``t``
+as at the time before, so the same output rows: the view's change at ``t`` is the query over the
+sources at ``t``'s versions restricted to ``G(t)`` at +1, and over the versions before restricted to
+``G(t)`` at -1, consolidated. The restriction is applied to each source's rows, below the joins and
+the aggregate (:func:`in_groups`, null-safe), after the read is pruned to a few ranges of ``G``'s
+values (:func:`~mvsink.desired.join.pruned`), so Delta skips the files of other groups
 (:class:`~mvsink.desired.snapshot.SnapshotDesired` reads the changes and the ranges once per step).
 
 Invariant: the rows retracted for a group at ``t`` are the rows the group had, recomputed from the
-version before; they equal the rows added for it earlier, because every aggregate taken gives the
+versions before; they equal the rows added for it earlier, because every aggregate taken gives the
 same result however Spark splits the rows among tasks (a floating-point sum would not: which files
 a step's read prunes changes the split, and a retraction off in its last bit would leave the old row
 in the view). An average of integers is a sum of doubles in Spark, exact while the sums stay within
@@ -46,32 +58,189 @@ ORDER_FREE = frozenset({"Min", "Max", "Count", "Percentile", "HyperLogLogPlusPlu
 #: floating point.
 EXACT_INPUT = frozenset({"Sum", "Average"})
 _FLOATING = frozenset({"float", "double"})
+#: Join types whose rows of a key depend only on the sides' rows of that key, and which sides'
+#: rows every output row holds (not padded with nulls): left, right.
+_KEY_JOINS = {"Inner": (True, True), "LeftOuter": (True, False), "RightOuter": (False, True),
+              "FullOuter": (False, False), "LeftSemi": (True, False), "LeftAnti": (True, False)}
 
 
 @dataclass(frozen=True)
 class PerGroup:
-    """The shape of a per-group aggregate: the source's columns it groups by."""
+    """The shape of a per-group query: per source (by its name), the columns whose values are a
+    row's group, in the same order for every source (a key join's equated columns line up)."""
 
-    columns: tuple[str, ...]
+    keys: dict[str, tuple[str, ...]]
+
+    @property
+    def joins(self) -> bool:
+        """Whether the query is a key join of several sources (else an aggregate of one)."""
+        return len(self.keys) > 1
+
+    @property
+    def strategy(self) -> str:
+        """The strategy's name, as a step reports it."""
+        return "per-key recompute" if self.joins else "per-group recompute"
 
 
-def per_group(result: DataFrame, scan: str) -> PerGroup | None:
-    """The shape of ``result`` (a query over one ``scan`` leaf) if it is a per-group aggregate."""
+def per_group(result: DataFrame, scan: str, names: dict[int, str] | None = None) -> PerGroup | None:
+    """The shape of ``result`` (a query over ``scan`` leaves) if it is per-group. ``names`` maps a
+    leaf of rows held in Spark (by its RDD's id) to its source's name; every leaf must be one, each
+    read once. Without it (a query over the sources, its shape checked before the rows are held),
+    the leaves are named by their order."""
     plan = result._jdf.queryExecution().optimizedPlan()
     if not plan.deterministic() or plan_reads_subqueries(result, plan):
         return None
     node = plan
     while node.nodeName() in ROW_WISE_NODES:
         node = node.children().head()
-    if node.nodeName() != "Aggregate" or not plan_is_row_wise(node.child(), scan):
+    aggregate = node if node.nodeName() == "Aggregate" else None
+    if aggregate is not None and not all(
+            _order_free(f) for e in scala_items(aggregate.aggregateExpressions()) for f in _functions(e)):
         return None
-    groups = scala_items(node.groupingExpressions())
+    below = aggregate.child() if aggregate is not None else node
+    if plan_is_row_wise(below, scan):
+        return _one_source(aggregate, below, names)
+    tree = _KeyJoin.of(below, scan)
+    if tree is None or (names is not None and len({names.get(leaf.rdd().id()) for leaf in tree.leaves} - {None})
+                        != len(tree.leaves)):
+        return None
+    keys = tree.keys()
+    if not keys or aggregate is not None and not tree.groups_hold_keys(aggregate, keys):
+        return None
+    name = (lambda i, leaf: names[leaf.rdd().id()]) if names is not None else (lambda i, leaf: f"source {i + 1}")
+    return PerGroup({name(i, leaf): tuple(key[i] for key in keys) for i, leaf in enumerate(tree.leaves)})
+
+
+def _one_source(aggregate, below, names: dict[int, str] | None) -> PerGroup | None:
+    """An aggregate of one source (``below``: a row-wise query of it) grouped by its columns."""
+    if aggregate is None:
+        return None  # row-wise: another strategy
+    groups = scala_items(aggregate.groupingExpressions())
     if not groups or any(g.nodeName() != "AttributeReference" for g in groups):
         return None
-    if not all(_order_free(f) for e in scala_items(node.aggregateExpressions()) for f in _functions(e)):
+    columns = leaf_columns(below, [g.exprId().id() for g in groups])
+    leaf = below
+    while leaf.nodeName() in ROW_WISE_NODES:
+        leaf = leaf.children().head()
+    name = names.get(leaf.rdd().id()) if names is not None else "source 1"
+    return PerGroup({name: columns}) if columns is not None and name is not None else None
+
+
+class _KeyJoin:
+    """A plan of projections, filters and key joins (:data:`_KEY_JOINS`) over scans: its leaves
+    (in order), the joins' equalities between the leaves' columns, and the leaves no outer join
+    pads."""
+
+    def __init__(self):
+        self.leaves: list = []
+        self.kept: set[int] = set()  # indexes of the leaves every output row holds
+        #: Per join, the equalities of its condition: pairs of (leaf index, column).
+        self.equalities: list[list[tuple[tuple[int, str], tuple[int, str]]]] = []
+
+    @classmethod
+    def of(cls, plan, scan: str) -> _KeyJoin | None:
+        tree = cls()
+        return tree if tree._walk(plan, scan, True) and tree.equalities else None
+
+    def _walk(self, node, scan: str, kept: bool) -> bool:
+        name = node.nodeName()
+        if name in ROW_WISE_NODES:
+            return self._walk(node.children().head(), scan, kept)
+        if name == "Join":
+            sides = _KEY_JOINS.get(node.joinType().toString())
+            if sides is None or not (self._walk(node.left(), scan, kept and sides[0])
+                                     and self._walk(node.right(), scan, kept and sides[1])):
+                return False
+            condition = node.condition()
+            pairs = []
+            for expression in _conjuncts(condition.get()) if condition.isDefined() else []:
+                pair = self._equality(node, expression)
+                if pair is not None:
+                    pairs.append(pair)
+            self.equalities.append(pairs)
+            return True
+        if name != scan or not node.children().isEmpty():
+            return False
+        if kept:
+            self.kept.add(len(self.leaves))
+        self.leaves.append(node)
+        return True
+
+    def _equality(self, join, expression) -> tuple[tuple[int, str], tuple[int, str]] | None:
+        """``expression`` (a conjunct of ``join``'s condition) as the two leaf columns it equates,
+        one of each side, if it is ``a = b`` (or ``a <=> b``) of columns passed through."""
+        if expression.nodeName() not in ("EqualTo", "EqualNullSafe"):
+            return None
+        a, b = expression.left(), expression.right()
+        if a.nodeName() != "AttributeReference" or b.nodeName() != "AttributeReference":
+            return None
+        for x, y in ((a, b), (b, a)):
+            left, right = self._trace(join.left(), x.exprId().id()), self._trace(join.right(), y.exprId().id())
+            if left is not None and right is not None:
+                return left, right
         return None
-    columns = leaf_columns(node.child(), [g.exprId().id() for g in groups])
-    return PerGroup(columns) if columns is not None else None
+
+    def _trace(self, node, attribute: int) -> tuple[int, str] | None:
+        """The leaf (index) and column that ``node``'s output ``attribute`` is, value for value."""
+        while True:
+            name = node.nodeName()
+            if name == "Project":
+                found = [e for e in scala_items(node.projectList()) if e.exprId().id() == attribute]
+                source = found[0].child() if found and found[0].nodeName() == "Alias" else (found or [None])[0]
+                if source is None or source.nodeName() != "AttributeReference":
+                    return None
+                attribute, node = source.exprId().id(), node.child()
+            elif name == "Filter":
+                node = node.child()
+            elif name == "Join":
+                side = [c for c in (node.left(), node.right())
+                        if any(a.exprId().id() == attribute for a in scala_items(c.output()))]
+                if not side:
+                    return None
+                node = side[0]
+            else:
+                index = next((i for i, leaf in enumerate(self.leaves) if leaf.equals(node)), None)
+                names = {a.exprId().id(): a.name() for a in scala_items(node.output())}
+                return (index, names[attribute]) if index is not None and attribute in names else None
+
+    def keys(self) -> list[tuple[str, ...]]:
+        """The keys: sets of columns, one of each leaf (by leaf index), that every join equates
+        (its leaf columns connected by the joins' equalities); none if there is none."""
+        parent: dict = {}
+
+        def root(x):
+            while parent.setdefault(x, x) != x:
+                x = parent[x]
+            return x
+
+        for pairs in self.equalities:
+            for a, b in pairs:
+                parent[root(a)] = root(b)
+        classes: dict = {}
+        for column in parent:
+            classes.setdefault(root(column), []).append(column)
+        keys = []
+        for members in classes.values():
+            by_leaf = dict(members)
+            if len(by_leaf) != len(members) or len(by_leaf) != len(self.leaves):
+                continue  # a leaf with two columns in it, or none
+            if all(any(root(a) == root(members[0]) for a, _ in pairs) for pairs in self.equalities):
+                keys.append(tuple(by_leaf[i] for i in range(len(self.leaves))))
+        return keys
+
+    def groups_hold_keys(self, aggregate, keys: list[tuple[str, ...]]) -> bool:
+        """Whether ``aggregate`` (over the join) groups by, for every key, a column of it of a leaf
+        that every output row holds, so each group holds one key's rows."""
+        grouped = [self._trace(aggregate.child(), g.exprId().id()) for g in scala_items(aggregate.groupingExpressions())
+                   if g.nodeName() == "AttributeReference"]
+        return all(any(g is not None and g[0] in self.kept and key[g[0]] == g[1] for g in grouped) for key in keys)
+
+
+def _conjuncts(expression) -> list:
+    """The conjuncts of a condition (``a AND b AND ...``)."""
+    if expression.nodeName() == "And":
+        return _conjuncts(expression.left()) + _conjuncts(expression.right())
+    return [expression]
 
 
 def _functions(expression) -> list:
@@ -92,6 +261,8 @@ def _order_free(function) -> bool:
 
 def in_groups(rows: DataFrame, groups: DataFrame, columns: tuple[str, ...], small: bool) -> DataFrame:
     """``rows`` whose ``columns`` equal those of a row of ``groups`` (its distinct values of
-    them), nulls equal to nulls: a semi-join (``groups`` broadcast if ``small``)."""
-    condition = reduce(lambda a, b: a & b, [rows[c].eqNullSafe(groups[c]) for c in columns])
+    them, in that order, named as they are), nulls equal to nulls: a semi-join (``groups``
+    broadcast if ``small``)."""
+    groups = groups.toDF(*[f"_group_{i}" for i in range(len(columns))])
+    condition = reduce(lambda a, b: a & b, [rows[c].eqNullSafe(groups[f"_group_{i}"]) for i, c in enumerate(columns)])
     return rows.join(F.broadcast(groups) if small else groups, condition, "left_semi")

@@ -1,7 +1,8 @@
 """A query view's refresh policy, and why a query cannot be maintained from its sources' changes.
 
 ``auto`` (the default) maintains the query from its sources' changes where its shape allows
-(row-wise, linear aggregate, inner join, per-group aggregate: :mod:`mvsink.desired.snapshot`) and
+(row-wise, linear aggregate, inner join, per-group aggregate, key join:
+:mod:`mvsink.desired.snapshot`) and
 evaluates it in full otherwise; ``incremental`` refuses at start a query that cannot be maintained,
 naming the first operator of its plan that none of those strategies maintains
 (:func:`unmaintained_operator`); ``full`` evaluates every query in full.
@@ -31,7 +32,7 @@ def unmaintained_operator(result: DataFrame) -> str:
         node = pending.pop()
         name = node.nodeName()
         if name == "Join" and node.joinType().toString() not in _INNER_JOINS:
-            return f"a {node.joinType().toString()} Join"
+            return f"a {node.joinType().toString()} Join with no key that every join equates"
         if name not in _MAINTAINED:
             if not node.children().isEmpty():
                 return name
@@ -42,5 +43,5 @@ def unmaintained_operator(result: DataFrame) -> str:
         pending += [children.apply(i) for i in range(children.size())]
     if aggregates:
         return ("an Aggregate that is neither count/sum/avg of integers or decimals grouped by columns nor "
-                "order-free aggregates of one source grouped by its columns")
+                "order-free aggregates of one source grouped by its columns, or of a key join grouped by its key")
     return "a source read twice" if joins else f"the plan {plan.nodeName()} over {scans} scans"

@@ -10,7 +10,9 @@ aggregate* (counts and exact sums grouped by columns over a row-wise query,
 :mod:`mvsink.desired.linear_aggregate`) keeps its groups' state in Spark and moves it by the
 aggregates of the source's changes. Another aggregate of one source grouped by its columns (min,
 max, distinct counts, percentiles: :mod:`mvsink.desired.per_group`) is recomputed for
-the groups the source's changes touch, before and after. Any other query is evaluated once per such
+the groups the source's changes touch, before and after; so is a *key join* (outer, semi and anti
+joins of sources by a key every join equates, or an aggregate over one grouped by the key), for the
+keys the sources' changes touch. Any other query is evaluated once per such
 time, emitting where consecutive results differ: the new result at +1 and the last at -1,
 consolidated (each distinct row's count difference, exactly a multiset difference both ways, in one
 shuffle); the last result is kept in Spark (a local checkpoint, which spills to disk), never on the
@@ -94,7 +96,8 @@ class SnapshotDesired(Desired):
         #: The query's shape if it is a per-group aggregate (:mod:`mvsink.desired.per_group`).
         self.per_group: PerGroup | None = None
         super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
-        held = self._held_rows() if len(self.sources) == 1 or self.join or self.aggregate is not None else None
+        held = (self._held_rows() if len(self.sources) == 1 or self.join or self.aggregate is not None
+                or self.per_group is not None else None)
         over_held = self._query(held) if held is not None else None
         self.row_wise = self.row_wise and over_held is not None and is_row_wise(over_held, HELD_ROWS)
         self.join = (self.join and is_inner_join(over_held, HELD_ROWS, len(held))
@@ -108,8 +111,9 @@ class SnapshotDesired(Desired):
                 linear_aggregate(over_held, HELD_ROWS, len(held)) != self.aggregate
                 or len(held) > 1 and not reads_each_once(over_held, list(held.values()))):
             self.aggregate = None
-        if self.per_group is not None and per_group(over_held, HELD_ROWS) != self.per_group:
-            self.per_group = None
+        if self.per_group is not None:  # its sources named, each read once
+            by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+            self.per_group = per_group(over_held, HELD_ROWS, by_rdd)
         self._apply_refresh_policy()
         #: For a join (or an aggregate over one): per source, the other sources it equals columns
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
@@ -126,10 +130,17 @@ class SnapshotDesired(Desired):
         by ``mvsink explain``)."""
         if self.row_wise:
             return "its query is row-wise: its changes are the query over the source's changes"
-        if self.per_group is not None:
+        if self.per_group is not None and not self.per_group.joins:
+            (columns,) = self.per_group.keys.values()
             return ("its query is an aggregate of one source grouped by its columns: its changes are the groups "
                     "the source's changes touch, recomputed before and after; the source read only where "
-                    f"({', '.join(self.per_group.columns)}) meet the change's")
+                    f"({', '.join(columns)}) meet the change's")
+        if self.per_group is not None:
+            keys = ", ".join(f"{name}.({', '.join(columns)})" for name, columns in self.per_group.keys.items())
+            return ("its query joins its sources by a key that every join equates (an outer join, or an "
+                    "aggregate grouped by the key): its changes are the rows of the keys the sources' changes "
+                    f"touch, recomputed before and after; each source read only where its key meets the changes' "
+                    f"({keys})")
         if self.aggregate is not None:
             described = "its query is a linear aggregate: its changes are its groups' changes from the source's changes"
         elif self.join:
@@ -212,7 +223,7 @@ class SnapshotDesired(Desired):
         self.row_wise = is_row_wise(result, TABLE_SCAN)
         self.join = len(self.sources) > 1 and is_inner_join(result, TABLE_SCAN, len(self.sources))
         self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.sources))
-        if len(self.sources) == 1 and self.aggregate is None:
+        if self.aggregate is None and not self.join:
             self.per_group = per_group(result, TABLE_SCAN)
         return result.schema
 
@@ -271,7 +282,7 @@ class SnapshotDesired(Desired):
         strategy, from_feed = (("row-wise", self._row_wise_changes) if self.row_wise
                                else ("linear aggregate", self._aggregate_changes) if self.aggregate is not None
                                else ("inner join", self._join_changes) if self.join
-                               else ("per-group recompute", self._per_group_changes) if self.per_group is not None
+                               else (self.per_group.strategy, self._per_group_changes) if self.per_group is not None
                                else (None, None))
         if from_feed is not None:
             try:
@@ -352,7 +363,7 @@ class SnapshotDesired(Desired):
         their ranges: its join keys (the other sides' reads), or a per-group aggregate's grouping
         columns of a type ranges prune (the source's own reads)."""
         if self.per_group is not None:
-            return [c for c in self.per_group.columns if is_ranged(schema[c].dataType.simpleString())]
+            return [c for c in self.per_group.keys.get(name, ()) if is_ranged(schema[c].dataType.simpleString())]
         return sorted({column for pairs in self._join_keys.get(name, {}).values() for column, _ in pairs})
 
     def _change_terms(self, time: int, feeds: SourceFeeds) -> list[tuple[int, DataFrame]]:
@@ -429,23 +440,31 @@ class SnapshotDesired(Desired):
         return Changes(updates, size, times[0], key_moves if self.view.key else None, reads=reads)
 
     def _per_group_changes(self, times: list[int]) -> Changes:
-        """Per time, the query over the source at its version (+1) and at the version before (-1),
-        each restricted to the groups of the source's rows changed at that time, consolidated (see
-        :mod:`mvsink.desired.per_group`); the source is read where the grouping columns lie in the
-        ranges of the step's changed values (or are null, where some is), then exactly in them."""
-        (name,) = self.sources
-        feeds = self._source_feeds(times)
-        columns, parts = self.per_group.columns, []
+        """Per time, the query over the sources at its versions (+1) and at the versions before
+        (-1), each source restricted to the groups of the sources' rows changed at that time,
+        consolidated (see :mod:`mvsink.desired.per_group`); each source is read where its group
+        columns lie in the ranges of the step's changed values of every source (or are null, where
+        some is), then exactly in the time's groups."""
+        feeds, keys, parts = self._source_feeds(times), self.per_group.keys, []
         for time in times:
-            if not {(time, 1), (time, -1)} & feeds.present[name]:
+            moved = [name for name in keys if name in feeds.rows and {(time, 1), (time, -1)} & feeds.present[name]]
+            if not moved:
                 continue
-            groups = feeds.rows[name].where(F.col(TIME) == time).select(*columns).distinct()
+            groups = reduce(DataFrame.unionByName, [
+                feeds.rows[name].where(F.col(TIME) == time)
+                .select(*(F.col(c).alias(f"_group_{i}") for i, c in enumerate(keys[name]))) for name in moved]).distinct()
             for diff, at in ((1, time), (-1, time - 1)):
-                rows = self._pinned(name, self.timeline.versions(at)[name])
-                for column in (c for c in columns if (name, c) in feeds.ranges):
-                    rows = pruned(rows, column, feeds.ranges[name, column], feeds.nulls[name, column])
-                restricted = in_groups(rows, groups, columns, feeds.small)
-                parts.append(self._as_updates(self._query({name: restricted}), time, diff))
+                versions, restricted = self.timeline.versions(at), {}
+                for name, columns in keys.items():
+                    rows = self._pinned(name, versions[name])
+                    for i, column in enumerate(columns):
+                        changed = [other for other in keys if other in feeds.rows]
+                        ranged = [other for other in changed if (other, keys[other][i]) in feeds.ranges]
+                        if ranged and len(ranged) == len(changed):
+                            rows = pruned(rows, column, [r for other in ranged for r in feeds.ranges[other, keys[other][i]]],
+                                          any(feeds.nulls[other, keys[other][i]] for other in ranged))
+                    restricted[name] = in_groups(rows, groups, columns, feeds.small)
+                parts.append(self._as_updates(self._query(restricted), time, diff))
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         changes = held_changes(updates, times[0], self.view.key, reads=True)
         return replace(changes, reads=self._named(changes.reads))

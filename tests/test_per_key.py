@@ -1,0 +1,197 @@
+"""Key joins (:mod:`mvsink.desired.per_group`): outer, semi and anti joins of several sources by a
+key every join equates, and aggregates over them grouped by the key. Which queries are, and that
+their changes (the keys the sources' changes touch, recomputed before and after) equal the full
+evaluation at every time over random commits to every source; that a step reads only the changed
+keys' files; and the strategy the view reports, explains and is refused without."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from helpers import create_source, edit_customers, edit_orders, insert, maintained_and_recomputed
+from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition
+from mvsink.desired import snapshot
+from mvsink.desired.per_group import PerGroup, per_group
+from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN
+
+ORDERS, CUSTOMERS, PAYMENTS = "id BIGINT, cust BIGINT, amount INT", "cust BIGINT, segment STRING", "cust BIGINT, paid INT"
+LEFT = "SELECT o.id, o.amount, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust"
+FULL = ("SELECT o.id, c.cust, c.segment FROM orders o FULL JOIN customers c "
+        "ON o.cust = c.cust AND o.amount > 1")
+ANTI = "SELECT o.id, o.cust FROM orders o WHERE NOT EXISTS (SELECT 1 FROM customers c WHERE c.cust = o.cust)"
+AGGREGATE = ("SELECT o.cust, max(o.amount) AS top, count(DISTINCT c.segment) AS kinds, count(*) AS n "
+             "FROM orders o LEFT JOIN customers c ON o.cust = c.cust GROUP BY o.cust")
+THREE = ("SELECT o.id, c.segment, p.paid FROM orders o LEFT JOIN customers c ON o.cust = c.cust "
+         "LEFT JOIN payments p ON p.cust = o.cust WHERE coalesce(p.paid, 0) <> 3")
+STRATEGY = "per-key recompute"
+BY_CUST = {"orders": ("cust",), "customers": ("cust",)}
+#: The customers' keys (and null): enough that a time's commits leave some keys alone.
+KEYS = 12
+
+
+def _sources(spark, tmp_path, rng: random.Random | None = None) -> dict[str, str]:
+    """Orders, customers and payments (by customer), a few rows each (duplicates, null keys)."""
+    rng = rng or random.Random(0)
+    sources = {name: str(tmp_path / name) for name in ("orders", "customers", "payments")}
+    create_source(spark, sources["orders"], [(i, rng.choice([*range(1, KEYS), None]), rng.randint(0, 5))
+                                             for i in range(30)], ORDERS)
+    create_source(spark, sources["customers"], [(c, "xyz"[c % 3]) for c in range(1, KEYS, 2)] + [(2, "y"), (None, "x")],
+                  CUSTOMERS)
+    create_source(spark, sources["payments"], [(1, 3), (2, 4), (4, 1), (7, 0), (None, 2)], PAYMENTS)
+    return sources
+
+
+@pytest.mark.parametrize("sql, keys", [
+    (LEFT, BY_CUST),
+    ("SELECT o.id, c.segment FROM customers c RIGHT JOIN orders o ON c.cust = o.cust", BY_CUST),
+    (FULL, BY_CUST),
+    (ANTI, BY_CUST),
+    ("SELECT o.id FROM orders o WHERE o.cust IN (SELECT cust FROM customers)", BY_CUST),  # a semi join
+    (AGGREGATE, BY_CUST),
+    ("SELECT o.cust, o.amount, min(c.segment) AS s FROM orders o JOIN customers c ON o.cust = c.cust "
+     "GROUP BY o.cust, o.amount", BY_CUST),                                  # the key and more
+    (THREE, {**BY_CUST, "payments": ("cust",)}),
+    ("SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust AND o.id = c.cust",
+     None),                                                                  # a leaf with two key columns
+    ("SELECT c.segment, max(o.amount) AS m FROM orders o LEFT JOIN customers c ON o.cust = c.cust "
+     "GROUP BY c.segment", None),                                            # groups span keys
+    ("SELECT c.cust, max(o.amount) AS m FROM orders o LEFT JOIN customers c ON o.cust = c.cust "
+     "GROUP BY c.cust", None),                                               # the padded side's key
+    ("SELECT max(o.amount) AS m FROM orders o LEFT JOIN customers c ON o.cust = c.cust", None),
+    ("SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust < c.cust", None),  # not equi
+    ("SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust + 1 = c.cust", None),  # computed
+    ("SELECT o.id, p.paid FROM orders o LEFT JOIN customers c ON o.cust = c.cust "
+     "LEFT JOIN payments p ON p.cust = o.id", None),                         # two keys, neither everywhere
+    ("SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust WHERE rand() > 0.5", None),
+    ("SELECT a.id, b.amount FROM orders a LEFT JOIN orders b ON a.cust = b.cust", None),  # a source read twice
+    ("SELECT o.cust, sum(CAST(o.amount AS DOUBLE)) AS s FROM orders o LEFT JOIN customers c ON o.cust = c.cust "
+     "GROUP BY o.cust", None),                                               # a float sum
+], ids=["left", "right", "full", "anti", "semi", "aggregate", "key-and-more", "three", "same-leaf-twice",
+        "groups-span-keys", "padded-key", "no-group-by", "non-equi", "computed", "two-keys", "rand", "self",
+        "double-sum"])
+def test_which_queries_are_key_joins(spark, tmp_path, sql, keys):
+    """Over rows held in Spark, each source read once, as a view checks it."""
+    sources = _sources(spark, tmp_path)
+    for name, path in sources.items():
+        spark.read.format("delta").load(path).createOrReplaceTempView(name)
+    over_sources = spark.sql(sql)
+    held = {}
+    for name in sources:
+        held[name] = spark.table(name).limit(0).localCheckpoint(eager=True)
+        held[name].createOrReplaceTempView(name)
+    names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+    shape = per_group(spark.sql(sql), HELD_ROWS, names)
+    assert shape == (PerGroup(keys) if keys else None)
+    if keys is not None:  # the shape checked over the sources first
+        assert per_group(over_sources, TABLE_SCAN) is not None
+
+
+def _edit_payments(spark, src: str, rng: random.Random) -> None:
+    """One commit to payments: a payment made (null keys too), changed or dropped."""
+    kind = rng.choice(["insert", "update", "delete"])
+    if kind == "insert":
+        insert(spark, src, [(rng.choice([*range(1, KEYS), None]), rng.randint(0, 4))])
+    elif kind == "update":
+        spark.sql(f"UPDATE delta.`{src}` SET paid = paid + 1 WHERE cust = {rng.randint(1, KEYS)}")
+    else:
+        spark.sql(f"DELETE FROM delta.`{src}` WHERE paid = {rng.randint(0, 4)}")
+
+
+@pytest.fixture
+def strategies(monkeypatch) -> list[str]:
+    """The strategy of each range of changes view ``maintained`` computes."""
+    seen, changes = [], snapshot.SnapshotDesired.changes
+
+    def recorded(self, lo, hi):
+        computed = changes(self, lo, hi)
+        if computed is not None and self.view.view_id == "maintained":
+            seen.append(computed.strategy)
+        return computed
+
+    monkeypatch.setattr(snapshot.SnapshotDesired, "changes", recorded)
+    return seen
+
+
+@pytest.mark.parametrize("sql, without_feed", [
+    (LEFT, (),),
+    (FULL, ("customers",),),
+    (ANTI, (),),
+    (AGGREGATE, ("orders",),),
+    (THREE, ("payments",),),
+], ids=["left", "full-customers-no-feed", "anti", "aggregate-orders-no-feed", "three-payments-no-feed"])
+def test_key_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, strategies, sql, without_feed):
+    """1-3 commits to any of the sources per time (duplicates, null keys, rows moving to another
+    key, deletes on several sides in one time, a row deleted and inserted again), a source without
+    change data feed (its commits' files), a replica catching up over every time at once: at
+    every time the view equals the full evaluation, and every range was recomputed per key."""
+    rng = random.Random(31)
+    sources = _sources(spark, tmp_path, rng)
+    for name in without_feed:
+        spark.sql(f"ALTER TABLE delta.`{sources[name]}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
+    next_id = [100]
+
+    def edit() -> None:
+        if rng.random() < 0.6:
+            edit_orders(spark, sources["orders"], rng, next_id, KEYS)
+        if rng.random() < 0.5:
+            edit_customers(spark, sources["customers"], rng, KEYS)
+        if rng.random() < 0.4:
+            _edit_payments(spark, sources["payments"], rng)
+
+    view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng)
+    assert view.desired.per_group is not None and view.desired._previous is None
+    assert strategies and set(strategies) == {STRATEGY}, strategies
+
+
+def test_a_step_reads_only_the_changed_keys_files(spark, tmp_path):
+    """Customers laid out in 8 files by key: a change of orders of two customers reads, at each
+    version, the customers' file holding them, and only the orders' files holding those keys."""
+    orders, customers = str(tmp_path / "orders"), str(tmp_path / "customers")
+    create_source(spark, orders, schema=ORDERS)
+    create_source(spark, customers, schema=CUSTOMERS)
+    (spark.createDataFrame([(c, "xyz"[c % 3]) for c in range(1, 81)], CUSTOMERS).repartitionByRange(8, "cust")
+     .write.format("delta").mode("append").save(customers))
+    (spark.createDataFrame([(i, i % 80 + 1, i % 5) for i in range(400)], ORDERS).repartitionByRange(4, "cust")
+     .write.format("delta").mode("append").save(orders))
+    view = MaterializedView(spark, ViewDefinition("v", str(tmp_path / "v"), SnapshotInput(sql=LEFT), key=("id",),
+                                                  sources={"orders": orders, "customers": customers},
+                                                  replica_id="r1"))
+    view.run_until_caught_up()
+    insert(spark, orders, [(1000, 79, 9), (1001, 80, 9)])
+    reports = [view.step() for _ in range(3)]
+    assert {r.strategy for r in reports if r.reads} == {STRATEGY}
+    reads = sorted((r.table, r.files, r.total_files) for report in reports for r in report.reads)
+    assert [(files, total) for table, files, total in reads if table == "customers"] == [(1, 8), (1, 8)], reads
+    (before, after) = sorted((files, total) for table, files, total in reads if table == "orders")
+    assert before == (1, 4) and after[0] - (after[1] - 4) == 1, "orders: the last of the 4 old files (and the insert's)"
+
+
+def test_refresh_policies_explain_and_the_inner_join_keeping_its_strategy(spark, tmp_path, capsys):
+    """``incremental`` takes a key join and still refuses a non-equi outer join (naming it);
+    ``full`` evaluates it in full; an inner join keeps the join strategy; ``mvsink explain``
+    prints the strategy and the keys."""
+    from mvsink.replica import cli
+
+    sources = _sources(spark, tmp_path)
+
+    def view(sql: str, refresh: str) -> MaterializedView:
+        return MaterializedView(spark, ViewDefinition("v", str(tmp_path / refresh), SnapshotInput(
+            sql=sql, refresh=refresh), sources=sources, replica_id="r1"))
+
+    assert view(THREE, "incremental").desired.per_group == PerGroup({**BY_CUST, "payments": ("cust",)})
+    assert view(THREE, "full").desired.per_group is None
+    inner = view("SELECT o.id, c.segment, p.paid FROM orders o JOIN customers c ON o.cust = c.cust "
+                 "JOIN payments p ON p.cust = c.cust", "auto").desired
+    assert inner.join and inner.per_group is None
+    with pytest.raises(ConfigError, match="refresh incremental.*a LeftOuter Join"):
+        view("SELECT o.id, c.segment, p.paid FROM orders o LEFT JOIN customers c ON o.cust < c.cust, payments p",
+             "incremental")
+    config = tmp_path / "view.yaml"
+    config.write_text(f"view_id: v\ntarget: target\nsources: {sources}\n"
+                      f"input:\n  kind: snapshot\n  refresh: incremental\n  sql: \"{LEFT} WHERE o.id > 0\"\n")
+    code = cli.main(["explain", str(config)])
+    out = capsys.readouterr().out
+    assert code == 0 and "its query joins its sources by a key that every join equates" in out, out
+    assert "orders.(cust)" in out and "customers.(cust)" in out, out
