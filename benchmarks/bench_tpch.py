@@ -1,4 +1,4 @@
-"""TPC-H views (Q3-like, Q1, Q5, Q10) kept by mvsink, overwrite and MERGE.
+"""TPC-H views (Q3-like, Q1, Q5, Q10, Q13's inner query, lines per order) kept by mvsink, overwrite and MERGE.
 
 Workload: the tables the ``--query`` reads, from ``tpchgen-cli`` at ``--scale`` (default 1), loaded
 into Delta tables (change data feed on), each laid out by its key (``repartitionByRange``: orders
@@ -12,7 +12,11 @@ range of keys). The views, each keyed by the group-by columns that identify its 
   ``l_returnflag, l_linestatus``);
 * ``q5``: TPC-H Q5 (the revenue of local suppliers per nation of ASIA over 1994; key ``n_name``);
 * ``q10``: TPC-H Q10 (the revenue lost to returns per customer over 1993's last quarter; key
-  ``c_custkey``).
+  ``c_custkey``);
+* ``q13``: the inner query of TPC-H Q13, every customer's count of orders (a left outer join, zero
+  for none; key ``c_custkey``): a key join, recomputed per key;
+* ``lines``: per order, its lines' highest price, first ship date and distinct suppliers (min, max,
+  ``count(DISTINCT ...)`` over lineitem; key ``l_orderkey``): recomputed per group.
 
 None has an ``ORDER BY`` or ``LIMIT``. Each round applies refreshes in the spirit of TPC-H's:
 ``--new-fraction`` of the orders (0.1%) come in as new orders (copies of existing ones with new
@@ -31,7 +35,7 @@ table up to date:
 At the end the three targets and the query are compared through an order-independent hash, so no
 contender is timed doing the wrong thing.
 
-Run: ``python benchmarks/bench_tpch.py [--query q3|q1|q5|q10] [--scale 1] [--rounds 5]
+Run: ``python benchmarks/bench_tpch.py [--query q3|q1|q5|q10|q13|lines] [--scale 1] [--rounds 5]
 [--changed-orders N]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
@@ -83,6 +87,16 @@ WHERE c_custkey = o_custkey AND l_orderkey = o_orderkey AND o_orderdate >= DATE 
   AND o_orderdate < DATE '1994-01-01' AND l_returnflag = 'R' AND c_nationkey = n_nationkey
 GROUP BY c_custkey, c_name, c_acctbal, c_phone, n_name, c_address, c_comment
 """, ("c_custkey",), ("customer", "orders", "lineitem", "nation")),
+    "q13": ("""
+SELECT c_custkey, count(o_orderkey) AS c_count
+FROM customer LEFT OUTER JOIN orders ON c_custkey = o_custkey AND o_comment NOT LIKE '%special%requests%'
+GROUP BY c_custkey
+""", ("c_custkey",), ("customer", "orders")),
+    "lines": ("""
+SELECT l_orderkey, max(l_extendedprice) AS top_price, min(l_shipdate) AS first_ship,
+       count(DISTINCT l_suppkey) AS suppliers
+FROM lineitem GROUP BY l_orderkey
+""", ("l_orderkey",), ("lineitem",)),
 }
 #: Each table's key, and its files per scale factor 1 (at least 1).
 TABLES = {"customer": ("c_custkey", 2), "orders": ("o_orderkey", 16), "lineitem": ("l_orderkey", 48),

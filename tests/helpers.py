@@ -650,16 +650,17 @@ def query_results_at_every_time(spark, src: str, sql: str, views: dict[str, str]
 
 
 def from_the_feed_and_recomputed(spark, tmp_path, src: str, sql: str, edit: Callable[[], None], rounds: int, rng,
-                                 key: tuple[str, ...] = ()):
-    """Two views of ``sql`` over ``src`` with ``key``: one as mvsink makes it, one evaluated in
-    full at each time; ``rounds`` times 1-3 ``edit()`` source commits, then both caught up. A
+                                 key: tuple[str, ...] = (), refresh: str = "incremental"):
+    """Two views of ``sql`` over ``src`` with ``key``: one as mvsink makes it (with ``refresh``),
+    one evaluated in full at each time; ``rounds`` times 1-3 ``edit()`` source commits, then both caught up. A
     second replica of the first, hydrated at the start, catches up only at the end: its changes
     span every time since. Both equal the query at every time, rows and key errors
     (:func:`query_results_at_every_time`). Returns the first view (for what it kept)."""
     from mvsink import MaterializedView, SnapshotInput, ViewDefinition
 
     def view(name: str, replica: str = "r1"):
-        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=sql), key=key,
+        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name),
+                                                      SnapshotInput(sql=sql, refresh=refresh), key=key,
                                                       sources={"src": src}, replica_id=replica))
 
     views = {name: view(name) for name in ("from_feed", "recomputed")}
@@ -826,9 +827,9 @@ def edit_customers(spark, src: str, rng, customers: int = 5) -> None:
 
 
 def maintained_and_recomputed(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],
-                              rounds: int, rng, key: tuple[str, ...] = ()):
-    """Two views of ``sql`` over ``sources`` with ``key``: one as mvsink maintains it, one
-    evaluated in full at each time; ``rounds`` times 1-3 ``edit()`` calls (source commits), then
+                              rounds: int, rng, key: tuple[str, ...] = (), refresh: str = "incremental"):
+    """Two views of ``sql`` over ``sources`` with ``key``: one as mvsink maintains it (with
+    ``refresh``), one evaluated in full at each time; ``rounds`` times 1-3 ``edit()`` calls (source commits), then
     both caught up. A second replica of the first, hydrated at the start, catches up only at the
     end: its changes span every time since. At every time both have the same rows. Returns the
     first view (for its strategy)."""
@@ -837,7 +838,8 @@ def maintained_and_recomputed(spark, tmp_path, sources: dict[str, str], sql: str
     from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view
 
     def view(name: str, replica: str = "r1"):
-        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=sql), key=key,
+        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name),
+                                                      SnapshotInput(sql=sql, refresh=refresh), key=key,
                                                       sources=sources, replica_id=replica))
 
     views = {name: view(name) for name in ("maintained", "recomputed")}

@@ -63,7 +63,8 @@ def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, s
     sources = {"orders": orders, "customers": customers}
 
     def view(name: str, replica: str = "r1") -> MaterializedView:
-        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=sql),
+        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name),
+                                                      SnapshotInput(sql=sql, refresh="incremental"),
                                                       sources=sources, replica_id=replica))
 
     views = {name: view(name) for name in ("joined", "recomputed")}
@@ -132,7 +133,8 @@ def test_the_other_side_is_read_only_where_the_change_can_join_it(spark, tmp_pat
     sources = {"orders": orders, "customers": customers}
 
     def view(name: str) -> MaterializedView:
-        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=JOIN),
+        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name),
+                                                      SnapshotInput(sql=JOIN, refresh="incremental"),
                                                       sources=sources, replica_id="r1"))
 
     views = {name: view(name) for name in ("pruned", "recomputed")}

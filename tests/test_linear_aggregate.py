@@ -120,7 +120,7 @@ def test_an_aggregate_over_versions_without_feed(spark, tmp_path, caplog, deleti
     sql = "SELECT grp, count(*) AS n, sum(qty) AS qty FROM src GROUP BY grp"
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(i, "ab"[i % 2], 1, i, None, 0.0) for i in range(10)], SCHEMA)
-    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=sql), key=("grp",),
+    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=sql, refresh="incremental"), key=("grp",),
                                                   sources={"src": src}, replica_id="r1"))
     view.run_until_caught_up()
     through_commits_without_feed(spark, view, src, caplog, f"UPDATE delta.`{src}` SET qty = 100 WHERE id < 3",

@@ -127,7 +127,8 @@ def test_groups_that_appear_empty_and_reappear_and_rows_that_move(spark, tmp_pat
     group and to the null group; duplicates come and go one at a time."""
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a", 1, 2, 0.5), (2, "b", 1, 3, None)], SCHEMA)
-    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=QUERY), sources={"src": src},
+    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=QUERY, refresh="incremental"),
+                                                  sources={"src": src},
                                                   replica_id="r1"))
     view.run_until_caught_up()
     for commit in [lambda: insert(spark, src, [(4, "c", 2, 1, 1.25), (4, "c", 2, 1, 1.25)]),
@@ -150,7 +151,8 @@ def test_a_per_group_aggregate_over_versions_without_feed(spark, tmp_path, caplo
     full; exactly, and then goes on per group."""
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(i, "ab"[i % 2], 1, i, i / 4) for i in range(10)], SCHEMA)
-    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=QUERY), key=("g", "sub"),
+    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=QUERY, refresh="incremental"),
+                                                  key=("g", "sub"),
                                                   sources={"src": src}, replica_id="r1"))
     view.run_until_caught_up()
     through_commits_without_feed(spark, view, src, caplog, f"UPDATE delta.`{src}` SET qty = 100 WHERE id < 3",
@@ -171,7 +173,8 @@ def test_a_step_reads_only_the_changed_groups_files(spark, tmp_path):
     create_source(spark, src, schema=SCHEMA)
     rows = [(i, "a", i // 2 + 1, i % 3, Decimal(i) / 4) for i in range(160)] + [(500, "a", None, 1, Decimal("0.5"))]
     spark.createDataFrame(rows, SCHEMA).repartitionByRange(8, "sub").write.format("delta").mode("append").save(src)
-    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=sql), sources={"src": src},
+    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=sql, refresh="incremental"),
+                                                  sources={"src": src},
                                                   replica_id="r1"))
     view.run_until_caught_up()
 

@@ -110,8 +110,8 @@ def test_a_row_wise_view_over_versions_without_feed(spark, tmp_path, caplog, del
     the result before them); exactly, and it goes on row-wise."""
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(i, "a", 1.0, None) for i in range(10)], SCHEMA)
-    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=QUERY), key=("id",),
-                                                  sources={"src": src}, replica_id="r1"))
+    view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=QUERY, refresh="incremental"),
+                                                  key=("id",), sources={"src": src}, replica_id="r1"))
     view.run_until_caught_up()
     through_commits_without_feed(spark, view, src, caplog, f"UPDATE delta.`{src}` SET amount = 0.25 WHERE id < 3",
                                  lambda: insert(spark, src, [(20, "b", 2.0, "new")]), deletion_vectors)

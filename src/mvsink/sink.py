@@ -314,6 +314,7 @@ class MaterializedView:
                                 strategy=self._strategy, reads=self._reads)
             if self.hydration.running:
                 self.hydration.finish(corrections)
+                self.desired.hydrated(self.hydration.last_seconds)
             if desc is not None:
                 repairing = len(self.pending_repairs)
                 report.appended, report.files = self._write_and_append(desc, staged)

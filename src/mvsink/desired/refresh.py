@@ -2,13 +2,16 @@
 
 ``auto`` (the default) maintains the query from its sources' changes where its shape allows
 (row-wise, linear aggregate, inner join, per-group aggregate, key join:
-:mod:`mvsink.desired.snapshot`) and
-evaluates it in full otherwise; ``incremental`` refuses at start a query that cannot be maintained,
-naming the first operator of its plan that none of those strategies maintains
+:mod:`mvsink.desired.snapshot`), while that costs less than evaluating it in full
+(:class:`AutoRefresh`), and evaluates it in full otherwise; ``incremental`` maintains it always
+(full evaluation only where the sources' changes cannot be read) and refuses at start a query that
+cannot be maintained, naming the first operator of its plan that none of those strategies maintains
 (:func:`unmaintained_operator`); ``full`` evaluates every query in full.
 """
 
 from __future__ import annotations
+
+import logging
 
 from pyspark.sql import DataFrame
 
@@ -17,6 +20,57 @@ from mvsink.desired.row_wise import plan_reads_subqueries
 #: Plan nodes some strategy maintains (an ``Aggregate`` only at or near the top).
 _MAINTAINED = frozenset({"Project", "Filter", "Join", "Aggregate"})
 _INNER_JOINS = frozenset({"Inner", "Cross"})
+
+log = logging.getLogger(__name__)
+
+
+class AutoRefresh:
+    """Under ``auto``, for a maintained query: whether a step evaluates it in full instead, from
+    what each way cost per time when last taken (seconds of the step's input, for each time it
+    covers; a full evaluation that had to evaluate the time before as well counts it too).
+
+    The maintained strategy is taken until one of its steps costs more per time than a full
+    evaluation: the last one measured, or before any, the view's hydration (the query evaluated
+    whole and folded into the buffer: at least one evaluation). Then full evaluation is taken while
+    it stays cheaper, and the maintained strategy is tried again every :data:`RETRY` steps (the
+    sources' changes may have become smaller). Either way the changes are exact: only the cost is
+    chosen."""
+
+    #: Steps evaluated in full between two tries of the maintained strategy.
+    RETRY = 10
+
+    def __init__(self, view_id: str):
+        self.view_id = view_id
+        #: Seconds per time of the last maintained step and of the last full evaluation (or hydration).
+        self.maintained: float | None = None
+        self.full: float | None = None
+        self._full_steps = 0
+
+    def hydrated(self, seconds: float) -> None:
+        """The view's hydration took ``seconds``: the full evaluation's cost until one is measured."""
+        if self.full is None:
+            self.full = seconds
+
+    def takes_full(self) -> bool:
+        """Whether the next step evaluates the query in full (counting it, for the retries)."""
+        if self.maintained is None or self.full is None or self.maintained <= self.full:
+            return False
+        self._full_steps += 1
+        return self._full_steps % self.RETRY != 0
+
+    def observed(self, full: bool, seconds: float, evaluations: int) -> None:
+        """A step took ``seconds`` for ``evaluations`` times (full: evaluations of the query)."""
+        cost = seconds / max(1, evaluations)
+        before = self.maintained is not None and self.full is not None and self.maintained > self.full
+        if full:
+            self.full = cost
+        else:
+            self.maintained = cost
+        after = self.maintained is not None and self.full is not None and self.maintained > self.full
+        if before != after:
+            log.info("view %r: refresh auto: %s (%.2fs per time maintained, %.2fs evaluated in full)", self.view_id,
+                     "evaluating in full, cheaper now" if after else "maintaining from the changes, cheaper now",
+                     self.maintained, self.full)
 
 
 def unmaintained_operator(result: DataFrame) -> str:

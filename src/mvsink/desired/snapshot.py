@@ -30,6 +30,7 @@ import json
 import logging
 from dataclasses import dataclass, replace
 from functools import reduce
+from time import monotonic
 
 from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -43,7 +44,7 @@ from mvsink.desired.join import is_inner_join, is_ranged, join_keys, key_ranges,
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
 from mvsink.desired.per_group import PerGroup, in_groups, per_group
-from mvsink.desired.refresh import unmaintained_operator
+from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 from mvsink.desired.sources import Desired
 from mvsink.timeline import Timeline
@@ -115,6 +116,8 @@ class SnapshotDesired(Desired):
             by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
             self.per_group = per_group(over_held, HELD_ROWS, by_rdd)
         self._apply_refresh_policy()
+        #: Under ``auto``, whether a step of a maintained query evaluates it in full instead (None: no choice).
+        self.auto = AutoRefresh(view.view_id) if self.input.refresh == "auto" and self._maintained else None
         #: For a join (or an aggregate over one): per source, the other sources it equals columns
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
         self._join_keys = (join_keys(over_held, held) if len(self.sources) > 1 and (self.join or self.aggregate)
@@ -284,9 +287,10 @@ class SnapshotDesired(Desired):
                                else ("inner join", self._join_changes) if self.join
                                else (self.per_group.strategy, self._per_group_changes) if self.per_group is not None
                                else (None, None))
-        if from_feed is not None:
+        if from_feed is not None and not (self.auto is not None and self.auto.takes_full()):
+            started = monotonic()
             try:
-                return replace(from_feed(times), strategy=strategy)
+                changes = replace(from_feed(times), strategy=strategy)
             except Exception as exc:
                 reason = unreadable(exc)
                 if reason is None:
@@ -294,7 +298,23 @@ class SnapshotDesired(Desired):
                 log.warning("view %r: the changes of its sources cannot be read for times %d..%d "
                             "(%s); evaluating the query at each time instead", self.view.view_id, lo, hi,
                             reason)
-        return replace(self._recomputed_changes(times), strategy="full evaluation")
+            else:
+                if self.auto is not None:
+                    self.auto.observed(False, monotonic() - started, len(times))
+                return changes
+        started, evaluations = monotonic(), len(times) + (not self._previous_is_before(times[0]))
+        changes = replace(self._recomputed_changes(times), strategy="full evaluation")
+        if self.auto is not None:
+            self.auto.observed(True, monotonic() - started, evaluations)
+        return changes
+
+    def hydrated(self, seconds: float) -> None:
+        if self.auto is not None:
+            self.auto.hydrated(seconds)
+
+    def _previous_is_before(self, time_: int) -> bool:
+        """Whether the result kept is that of the time before ``time_``."""
+        return self._previous is not None and self._previous_time == time_ - 1
 
     def _feed(self, times: list[int], name: str | None = None) -> tuple[DataFrame, int, int]:
         """Source ``name``'s changes (the one source's by default) at those of ``times`` that
@@ -537,7 +557,7 @@ class SnapshotDesired(Desired):
         if self._previous_time is not None and self._previous_time >= times[0]:
             raise RuntimeError(f"snapshot input asked for changes from {times[0]} after evaluating "
                                f"{self._previous_time}")
-        if self._previous is None:  # none kept (row-wise until now): evaluated again at its versions
+        if not self._previous_is_before(times[0]):  # none kept (maintained until now): evaluated at its versions
             before = times[0] - 1
             self._remember(before, self._result_at(before))
         parts = []
@@ -546,7 +566,7 @@ class SnapshotDesired(Desired):
             self._remember(time, self._result_at(time))
             parts += [self._as_updates(self._previous, time, 1), self._as_updates(previous, time, -1)]
         updates = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
-        if self._maintained:  # back to the sources' changes next time
+        if self._maintained and self.auto is None:  # back to the sources' changes next time
             self._previous = self._previous_time = None
         return updates
 

@@ -85,6 +85,9 @@ class Desired:
         version, a checkpoint) and runs no user code: it may then be read twice instead of kept."""
         raise NotImplementedError
 
+    def hydrated(self, seconds: float) -> None:
+        """The view's hydration (its contents at one time, folded into the buffer) took ``seconds``."""
+
     def changes(self, lo: int, hi: int) -> Changes | None:
         """The updates at times `[lo, hi]` (None if there are none)."""
         raise NotImplementedError
