@@ -30,14 +30,17 @@ class AutoRefresh:
     covers; a full evaluation that had to evaluate the time before as well counts it too).
 
     The maintained strategy is taken until one of its steps costs more per time than a full
-    evaluation: the last one measured, or before any, the view's hydration (the query evaluated
-    whole and folded into the buffer: at least one evaluation). Then full evaluation is taken while
-    it stays cheaper, and the maintained strategy is tried again every :data:`RETRY` steps (the
-    sources' changes may have become smaller). Either way the changes are exact: only the cost is
-    chosen."""
+    evaluation (the last one measured, or before any, the view's hydration: the query evaluated
+    whole and folded into the buffer, at least one evaluation) and more than :data:`FLOOR` (below
+    it there is little to save, and a step's cost is mostly noise). Then full evaluation is taken
+    while it stays cheaper, and the maintained strategy is tried again every :data:`RETRY` steps
+    (the sources' changes may have become smaller). Either way the changes are exact: only the
+    cost is chosen. (A row-wise query is not weighed: it reads its change, never more.)"""
 
     #: Steps evaluated in full between two tries of the maintained strategy.
     RETRY = 10
+    #: Seconds per time a maintained step may take without being weighed against full evaluation.
+    FLOOR = 5.0
 
     def __init__(self, view_id: str):
         self.view_id = view_id
@@ -51,9 +54,14 @@ class AutoRefresh:
         if self.full is None:
             self.full = seconds
 
+    @property
+    def _full_cheaper(self) -> bool:
+        return (self.maintained is not None and self.full is not None
+                and self.maintained > max(self.full, self.FLOOR))
+
     def takes_full(self) -> bool:
         """Whether the next step evaluates the query in full (counting it, for the retries)."""
-        if self.maintained is None or self.full is None or self.maintained <= self.full:
+        if not self._full_cheaper:
             return False
         self._full_steps += 1
         return self._full_steps % self.RETRY != 0
@@ -61,12 +69,12 @@ class AutoRefresh:
     def observed(self, full: bool, seconds: float, evaluations: int) -> None:
         """A step took ``seconds`` for ``evaluations`` times (full: evaluations of the query)."""
         cost = seconds / max(1, evaluations)
-        before = self.maintained is not None and self.full is not None and self.maintained > self.full
+        before = self._full_cheaper
         if full:
             self.full = cost
         else:
             self.maintained = cost
-        after = self.maintained is not None and self.full is not None and self.maintained > self.full
+        after = self._full_cheaper
         if before != after:
             log.info("view %r: refresh auto: %s (%.2fs per time maintained, %.2fs evaluated in full)", self.view_id,
                      "evaluating in full, cheaper now" if after else "maintaining from the changes, cheaper now",

@@ -117,7 +117,8 @@ class SnapshotDesired(Desired):
             self.per_group = per_group(over_held, HELD_ROWS, by_rdd)
         self._apply_refresh_policy()
         #: Under ``auto``, whether a step of a maintained query evaluates it in full instead (None: no choice).
-        self.auto = AutoRefresh(view.view_id) if self.input.refresh == "auto" and self._maintained else None
+        self.auto = (AutoRefresh(view.view_id) if self.input.refresh == "auto" and self._maintained and not self.row_wise
+                     else None)
         #: For a join (or an aggregate over one): per source, the other sources it equals columns
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
         self._join_keys = (join_keys(over_held, held) if len(self.sources) > 1 and (self.join or self.aggregate)
