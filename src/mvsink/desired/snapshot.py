@@ -37,7 +37,8 @@ from pyspark.sql import types as T
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.changes import NET, Changes, SourceRead, delta_reads, feed_is_small, held_changes, unreadable
-from mvsink.desired.join import is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned, reads_each_once
+from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
+                                 reads_each_once)
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
 from mvsink.desired.per_group import PerGroup, in_groups, per_group
@@ -115,6 +116,11 @@ class SnapshotDesired(Desired):
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
         self._join_keys = (join_keys(over_held, held) if len(self.sources) > 1 and (self.join or self.aggregate)
                            else {})
+        #: For a union all (or an aggregate over one): per source, the sources apart from it (no branch
+        #: joins them, :func:`~mvsink.desired.join.apart_sources`), read as no rows (``_no_rows``) in its terms.
+        self._apart = (apart_sources(over_held, held) if len(self.sources) > 1 and (self.join or self.aggregate)
+                       else {})
+        self._no_rows = held if any(self._apart.values()) else {}
         #: The other sides' reads by source and version (see :meth:`_pinned`).
         self._pinned_reads: dict[tuple[str, int], DataFrame] = {}
         if self.aggregate is not None:
@@ -132,6 +138,9 @@ class SnapshotDesired(Desired):
                     f"({', '.join(self.per_group.columns)}) meet the change's")
         if self.aggregate is not None:
             described = "its query is a linear aggregate: its changes are its groups' changes from the source's changes"
+        elif self.join and self._no_rows:
+            described = ("its query is a union all (of row-wise queries and inner joins): its changes are each "
+                         "source's changes joined with the other sources of its branches")
         elif self.join:
             described = ("its query is an inner join: its changes are each source's changes joined with the "
                          "other sources")
@@ -270,7 +279,7 @@ class SnapshotDesired(Desired):
             return None
         strategy, from_feed = (("row-wise", self._row_wise_changes) if self.row_wise
                                else ("linear aggregate", self._aggregate_changes) if self.aggregate is not None
-                               else ("inner join", self._join_changes) if self.join
+                               else ("union all" if self._no_rows else "inner join", self._join_changes) if self.join
                                else ("per-group recompute", self._per_group_changes) if self.per_group is not None
                                else (None, None))
         if from_feed is not None:
@@ -362,7 +371,7 @@ class SnapshotDesired(Desired):
         at the versions before, each read only where its join keys lie in the ranges of the
         change's keys (:mod:`mvsink.desired.join`; ``feeds.ranges`` holds them by source and
         column, cut once for all the times of the feeds by :meth:`_source_feeds`; one source: the
-        query over its change alone).
+        query over its change alone); the sources apart from it in a union all as no rows.
         A change none of whose rows has a key to join by has no term: its rows join nothing; nor
         has a change with no inserted (or no deleted) rows at ``time`` a term for them."""
         names, terms = list(self.sources), []
@@ -373,6 +382,9 @@ class SnapshotDesired(Desired):
             others = {}
             for j, other in enumerate(names):
                 if j == i:
+                    continue
+                if other in self._apart.get(name, ()):  # in no branch with it: its branches' terms only
+                    others[other] = self._no_rows[other]
                     continue
                 rows = self._pinned(other, (after if j < i else before)[other])
                 for column, other_column in self._join_keys.get(name, {}).get(other, []):
