@@ -20,6 +20,11 @@ SQL runs in a session of the view's own, where the sources are registered under 
 views never see each other's sources. A query reading ``views`` (a pipeline's views over views) is
 given them computed first over the same sources' rows (:func:`with_views`): it stays one query over
 the sources at each time, whatever the views are (SQL or Python functions).
+
+An *inner join*, or a *union all* of row-wise queries and inner joins (:mod:`mvsink.desired.join`),
+has per source whose version moves one term: the query over its change, the sources joined with it
+at their versions before or after, the sources of other branches as no rows; a linear aggregate
+over one moves its groups by the same terms. No result is kept.
 """
 
 from __future__ import annotations
