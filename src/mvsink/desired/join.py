@@ -24,7 +24,9 @@ lowest node over both is a ``Union``: no branch joins them. Source ``i``'s term 
 apart from it as no rows: each branch without ``i`` has a source apart from ``i`` (at the first
 ``Union`` where it leaves ``i``'s path), so it is empty, and each branch with ``i`` has none, so it is
 ``i``'s term of that branch, as above (a branch that is one source, row-wise, is the query over its
-change alone). ``UNION`` (distinct) is an ``Aggregate`` over a ``Union``: not this shape.
+change alone). ``UNION`` (distinct) is an ``Aggregate`` over a ``Union``: not this shape, but a
+linear aggregate over one (:mod:`mvsink.desired.linear_aggregate`: a row is there while its count is
+not 0).
 
 The other sides are read only where they can join the change (:func:`join_keys`,
 :func:`key_ranges`, :func:`pruned`): for each equality ``a = b`` of the query between a column ``a``
