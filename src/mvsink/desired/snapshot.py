@@ -155,7 +155,7 @@ class SnapshotDesired(Desired):
                         for other, columns in others.items() for a, b in columns})
         if pairs:
             described += f"; each other side read only where its join keys meet the change's ({', '.join(pairs)})"
-        elif len(self.sources) > 1:
+        elif any(len(self._apart.get(name, ())) < len(self.sources) - 1 for name in self.sources):  # some join
             described += "; the other sides read whole (no equality of plain columns of one type to prune them by)"
         return described
 
