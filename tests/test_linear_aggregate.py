@@ -12,7 +12,7 @@ import pytest
 
 from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
                      query_results_at_every_time, random_commit, through_commits_without_feed)
-from mvsink import MaterializedView, SnapshotInput, ViewDefinition, view_errors
+from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view, view_errors
 from mvsink.desired import snapshot
 from mvsink.desired.linear_aggregate import linear_aggregate
 from mvsink.desired.row_wise import TABLE_SCAN
@@ -146,3 +146,28 @@ def test_integer_sums_at_their_types_limits(spark, tmp_path):
     insert(spark, src, [(9223372036854775000, "a", 1, 1, None, 0.0)])
     view.run_until_caught_up()
     query_results_at_every_time(spark, src, sql, {"v": tgt}, tgt + "_timeline", view.observed_upper)
+
+
+@pytest.mark.parametrize("sql", ["SELECT DISTINCT grp FROM src",
+                                 "SELECT grp, sum(qty) AS qty FROM src GROUP BY grp"],
+                         ids=["distinct", "sum-of-nulls"])
+def test_a_group_appears_and_vanishes_with_the_same_values(spark, tmp_path, sql):
+    """A group whose output row has the same values whether it has rows or not (grouping columns
+    only; a sum of only nulls) still appears and vanishes with its rows."""
+    src = str(tmp_path / "src")
+    create_source(spark, src, [(1, "a", 1, 5, None, None)], SCHEMA)
+    view = MaterializedView(spark, ViewDefinition("v", str(tmp_path / "v"), SnapshotInput(sql=sql),
+                                                  sources={"src": src}, replica_id="r1"))
+    assert view.desired.aggregate is not None
+    view.run_until_caught_up()
+
+    def rows() -> set[tuple]:
+        view.run_until_caught_up()
+        return {r[0] for r in read_view(spark, str(tmp_path / "v"), "v", view.observed_upper - 1).collect()}
+
+    insert(spark, src, [(2, "b", 1, None, None, None)])
+    assert rows() == {"a", "b"}
+    spark.sql(f"UPDATE delta.`{src}` SET grp = 'c' WHERE grp = 'b'")
+    assert rows() == {"a", "c"}
+    spark.sql(f"DELETE FROM delta.`{src}` WHERE grp = 'c'")
+    assert rows() == {"a"}

@@ -12,7 +12,8 @@ updates at the same times. A view's input is one of:
   (:mod:`~mvsink.desired.row_wise`), its groups moved by them
   (:mod:`~mvsink.desired.linear_aggregate`), the groups (or a key join's keys) they touch recomputed
   (:mod:`~mvsink.desired.per_group`), each source's changes joined with the other sources
-  (:mod:`~mvsink.desired.join`), or the difference of its full evaluations at consecutive times.
+  (:mod:`~mvsink.desired.join`; for a ``UNION ALL``, those of its branches), or the difference of
+  its full evaluations at consecutive times.
 
 A source's changes come from its change data feed, or, where its commits wrote no change data,
 from the data files they added and removed (:mod:`~mvsink.desired.log_changes`), feed or no

@@ -1,10 +1,11 @@
-"""Whether a snapshot view's query is an *inner join* of its sources, maintained from their changes.
+"""Whether a snapshot view's query is an *inner join* or *union all* of its sources, maintained from their changes.
 
-A query is an inner join here when its optimized logical plan is projections, filters and inner
-joins (``Project``, ``Filter``, ``Join`` of type inner or cross: an equi-join with any extra
-condition) over one scan per source, every source read exactly once, every expression
-deterministic, and no subquery. Such a query ``Q`` is linear in each source: over multisets of
-rows with diffs, ``Q(.., A + D, ..) = Q(.., A, ..) + Q(.., D, ..)``. So between two times, with the
+A query is an inner join here when its optimized logical plan is projections, filters, inner
+joins and unions (``Project``, ``Filter``, ``Join`` of type inner or cross: an equi-join with any
+extra condition; ``Union``: ``UNION ALL``, nested or not, each branch any of these) over one scan
+per source, every source read exactly once, every expression deterministic, and no subquery. Such a
+query ``Q`` is linear in each source: over multisets of rows with diffs,
+``Q(.., A + D, ..) = Q(.., A, ..) + Q(.., D, ..)``. So between two times, with the
 sources ``A1..An`` at their versions before and ``A1'..An'`` after, and ``Di = Ai' - Ai`` source
 ``i``'s change,
 
@@ -15,6 +16,17 @@ sources ``A1..An`` at their versions before and ``A1'..An'`` after, and ``Di = A
 other sources, those before ``i`` at the time's versions and those after it at the versions before.
 A source whose version did not move has no term. The work is each change joined with the other sides
 (Spark broadcasts a small change); no earlier result is kept.
+
+With unions, ``Q`` is a sum of *branches* (the joins a choice of one child at each ``Union`` makes),
+each joining some of the sources, and linear in each; a branch without source ``i`` does not move
+with it, so it must not be in ``i``'s term. Two sources are *apart* (:func:`apart_sources`) when the
+lowest node over both is a ``Union``: no branch joins them. Source ``i``'s term reads every source
+apart from it as no rows: each branch without ``i`` has a source apart from ``i`` (at the first
+``Union`` where it leaves ``i``'s path), so it is empty, and each branch with ``i`` has none, so it is
+``i``'s term of that branch, as above (a branch that is one source, row-wise, is the query over its
+change alone). ``UNION`` (distinct) is an ``Aggregate`` over a ``Union``: not this shape, but a
+linear aggregate over one (:mod:`mvsink.desired.linear_aggregate`: a row is there while its count is
+not 0).
 
 The other sides are read only where they can join the change (:func:`join_keys`,
 :func:`key_ranges`, :func:`pruned`): for each equality ``a = b`` of the query between a column ``a``
@@ -29,7 +41,12 @@ places (new orders at the top, old ones deleted at the bottom) read a few files,
 everywhere read every file, as the whole scan would. A linear aggregate over such a join
 (:mod:`mvsink.desired.linear_aggregate`) moves its groups by the same terms. A source read twice (a
 self-join) makes the query quadratic in it, an outer join is not linear: such queries, and any other
-shape, are evaluated in full.
+shape (a source read in two branches of a union too, though it is linear), are evaluated in full.
+
+The pruning stays exact with unions: a ``Union``'s output columns are its first child's, so an
+equality over them names that child's sources; in a term of source ``i`` (read once) every branch
+with ``i`` that reaches the equality takes ``i``'s values where it names ``i``, and the other side's
+where it names the other side and the branch has it (a branch without it is not pruned by it).
 """
 
 from __future__ import annotations
@@ -44,8 +61,8 @@ from pyspark.sql import types as T
 
 from mvsink.desired.row_wise import plan_reads_subqueries, scala_items
 
-#: Plan nodes over which a query stays linear in each source: row-wise nodes and inner joins.
-_LINEAR_NODES = frozenset({"Project", "Filter", "Join"})
+#: Plan nodes over which a query stays linear in each source: row-wise nodes, inner joins and unions.
+_LINEAR_NODES = frozenset({"Project", "Filter", "Join", "Union"})
 _INNER_JOINS = frozenset({"Inner", "Cross"})
 #: Types of join key columns the other sides are pruned by: ordered exactly alike in Python and
 #: Spark (no floats: -0.0, NaN; no timestamps: time zones; strings only under the default collation).
@@ -58,19 +75,45 @@ MOST_RANGES = 16
 
 
 def is_inner_join(result: DataFrame, scan: str, sources: int) -> bool:
-    """Whether ``result`` is an inner join (see the module doc) of ``sources`` leaves, each a
-    ``scan`` node (:data:`~mvsink.desired.row_wise.TABLE_SCAN` or
-    :data:`~mvsink.desired.row_wise.HELD_ROWS`), at least one join among them."""
+    """Whether ``result`` is an inner join (see the module doc, unions included) of ``sources``
+    leaves, each a ``scan`` node (:data:`~mvsink.desired.row_wise.TABLE_SCAN` or
+    :data:`~mvsink.desired.row_wise.HELD_ROWS`), at least one join or union among them."""
     plan = result._jdf.queryExecution().optimizedPlan()
     return plan.deterministic() and not plan_reads_subqueries(result, plan) and plan_is_inner_join(plan, scan, sources)
 
 
 def plan_is_inner_join(plan, scan: str, sources: int) -> bool:
-    """Whether the logical ``plan`` is linear nodes, at least one join, over ``sources`` ``scan``
-    leaves (determinism, subqueries and which leaf is which aside)."""
+    """Whether the logical ``plan`` is linear nodes, at least one join or union, over ``sources``
+    ``scan`` leaves (determinism, subqueries and which leaf is which aside)."""
     leaves, joins = _linear_leaves(plan)
     return (leaves is not None and joins > 0 and len(leaves) == sources
             and all(leaf.nodeName() == scan and leaf.children().isEmpty() for leaf in leaves))
+
+
+def apart_sources(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, set[str]]:
+    """For each source of ``result`` (an inner join, unions included, or a linear aggregate over
+    one, over the rows ``held``, each read once), the sources apart from it: those the lowest
+    ``Union`` over both separates, which no branch of the query joins with it (none: no union)."""
+    plan = result._jdf.queryExecution().optimizedPlan()
+    plan = plan.child() if plan.nodeName() == "Aggregate" else plan
+    by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+    apart: dict[str, set[str]] = {name: set() for name in held}
+
+    def sources_under(node) -> list[str]:
+        if node.nodeName() not in _LINEAR_NODES:
+            return [by_rdd[node.rdd().id()]]
+        below = [sources_under(child) for child in scala_items(node.children())]
+        if node.nodeName() == "Union":
+            for k, one in enumerate(below):
+                for other in below[k + 1:]:
+                    for a in one:
+                        apart[a].update(other)
+                    for b in other:
+                        apart[b].update(one)
+        return [name for names in below for name in names]
+
+    sources_under(plan)
+    return apart
 
 
 def reads_each_once(result: DataFrame, held: list[DataFrame]) -> bool:
@@ -84,8 +127,8 @@ def reads_each_once(result: DataFrame, held: list[DataFrame]) -> bool:
 
 
 def _linear_leaves(plan) -> tuple[list | None, int]:
-    """The leaves under the linear nodes of ``plan`` and how many joins there are; None for
-    the leaves if some other node or join type is among them."""
+    """The leaves under the linear nodes of ``plan`` and how many joins and unions there are;
+    None for the leaves if some other node or join type is among them."""
     leaves, joins, pending = [], 0, [plan]
     while pending:
         node = pending.pop()
@@ -93,6 +136,8 @@ def _linear_leaves(plan) -> tuple[list | None, int]:
         if name == "Join":
             if node.joinType().toString() not in _INNER_JOINS:
                 return None, joins
+            joins += 1
+        elif name == "Union":
             joins += 1
         elif name not in _LINEAR_NODES:
             leaves.append(node)
@@ -103,9 +148,10 @@ def _linear_leaves(plan) -> tuple[list | None, int]:
 
 
 def join_keys(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, dict[str, list[tuple[str, str]]]]:
-    """The equalities of ``result`` (an inner join, or a linear aggregate over one, over the rows
-    ``held``, each read once) between plain columns of two sources: for each source, each other
-    source it equals columns with and the pairs ``(its column, the other's column)``. Only
+    """The equalities of ``result`` (an inner join, unions included, or a linear aggregate over
+    one, over the rows ``held``, each read once) between plain columns of two sources: for each
+    source, each other source it equals columns with and the pairs ``(its column, the other's
+    column)``. Only
     conjuncts of join and filter conditions count (each holds for every row of the result), and
     only columns of the types in :data:`_RANGED_TYPES`, the same on both sides."""
     plan = result._jdf.queryExecution().optimizedPlan()
@@ -132,7 +178,7 @@ def join_keys(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, dict[s
 
 def _equalities(plan) -> list[tuple[int, int]]:
     """The ids of the attributes each ``EqualTo`` conjunct of a join or filter condition in
-    ``plan`` (linear nodes) compares, where both sides are attributes."""
+    ``plan`` (linear nodes, through unions) compares, where both sides are attributes."""
     found, pending = [], [plan]
     while pending:
         node = pending.pop()

@@ -3,8 +3,9 @@
 A query is a linear aggregate when its optimized logical plan is one ``Aggregate`` that groups by
 columns (at least one) and computes only ``count(*)``, ``count(column)``, and ``sum`` and ``avg`` of
 an integral or decimal column or expression of its input, over a row-wise query
-(:mod:`mvsink.desired.row_wise`: projections and filters of one scan) or an inner join of several
-sources (:mod:`mvsink.desired.join`). Each output column is a grouping column or one such
+(:mod:`mvsink.desired.row_wise`: projections and filters of one scan) or an inner join (or union
+all) of several sources (:mod:`mvsink.desired.join`); ``SELECT DISTINCT`` and ``UNION`` are such
+aggregates with no aggregate column: a row is there while its count is not 0. Each output column is a grouping column or one such
 aggregate.
 
 Such aggregates add up: over a multiset of rows each with a diff, a group's count is the sum of
@@ -156,9 +157,12 @@ class GroupStates:
         self._sums = ([F.sum(F.when(~touched, F.col(c))).alias(_before(c)) for c in state] + self._grouped
                       + [F.max(touched).alias(_TOUCHED)])
         before, after = self._output_values(schema, _before), self._output_values(schema, lambda c: c)
-        differs = ~reduce(Column.__and__, [b.eqNullSafe(a) for b, a in zip(before, after)])
-        retract = touched & differs & (F.coalesce(F.col(_before(_N)), F.lit(0)) > 0)
-        add = touched & differs & (F.col(_N) > 0)
+        had, has = F.coalesce(F.col(_before(_N)), F.lit(0)) > 0, F.col(_N) > 0
+        # a group's row appears or disappears even where its values would be the same (grouping
+        # columns only, as of SELECT DISTINCT; a sum of only nulls)
+        differs = (had != has) | ~reduce(Column.__and__, [b.eqNullSafe(a) for b, a in zip(before, after)])
+        retract = touched & differs & had
+        add = touched & differs & has
         # A key of grouping columns only has the same value before and after: its count changes
         # only where a group's row appears or disappears. Otherwise any row moved may move a key.
         groups_only = all(aggregate.is_group_output(k) for k in key)

@@ -1,7 +1,7 @@
 """A query view's refresh policy, and why a query cannot be maintained from its sources' changes.
 
 ``auto`` (the default) maintains the query from its sources' changes where its shape allows
-(row-wise, linear aggregate, inner join, per-group aggregate, key join:
+(row-wise, linear aggregate, inner join, union all, per-group aggregate, key join:
 :mod:`mvsink.desired.snapshot`), while that costs less than evaluating it in full
 (:class:`AutoRefresh`), and evaluates it in full otherwise; ``incremental`` maintains it always
 (full evaluation only where the sources' changes cannot be read) and refuses at start a query that
@@ -17,8 +17,8 @@ from pyspark.sql import DataFrame
 
 from mvsink.desired.row_wise import plan_reads_subqueries
 
-#: Plan nodes some strategy maintains (an ``Aggregate`` only at or near the top).
-_MAINTAINED = frozenset({"Project", "Filter", "Join", "Aggregate"})
+#: Plan nodes some strategy maintains (an ``Aggregate`` only at or near the top; a ``Union``: ``UNION ALL``).
+_MAINTAINED = frozenset({"Project", "Filter", "Join", "Union", "Aggregate"})
 _INNER_JOINS = frozenset({"Inner", "Cross"})
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def unmaintained_operator(result: DataFrame) -> str:
                 return name
             scans += 1
             continue
-        joins, aggregates = joins + (name == "Join"), aggregates + (name == "Aggregate")
+        joins, aggregates = joins + (name in ("Join", "Union")), aggregates + (name == "Aggregate")
         children = node.children()
         pending += [children.apply(i) for i in range(children.size())]
     if aggregates:

@@ -22,6 +22,11 @@ SQL runs in a session of the view's own, where the sources are registered under 
 views never see each other's sources. A query reading ``views`` (a pipeline's views over views) is
 given them computed first over the same sources' rows (:func:`with_views`): it stays one query over
 the sources at each time, whatever the views are (SQL or Python functions).
+
+An *inner join*, or a *union all* of row-wise queries and inner joins (:mod:`mvsink.desired.join`),
+has per source whose version moves one term: the query over its change, the sources joined with it
+at their versions before or after, the sources of other branches as no rows; a linear aggregate
+over one moves its groups by the same terms. No result is kept.
 """
 
 from __future__ import annotations
@@ -40,7 +45,8 @@ from pyspark.sql import types as T
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.changes import NET, Changes, SourceRead, delta_reads, feed_is_small, held_changes, unreadable
-from mvsink.desired.join import is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned, reads_each_once
+from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
+                                 reads_each_once)
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
 from mvsink.desired.per_group import PerGroup, in_groups, per_group
@@ -123,6 +129,11 @@ class SnapshotDesired(Desired):
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
         self._join_keys = (join_keys(over_held, held) if len(self.sources) > 1 and (self.join or self.aggregate)
                            else {})
+        #: For a union all (or an aggregate over one): per source, the sources apart from it (no branch
+        #: joins them, :func:`~mvsink.desired.join.apart_sources`), read as no rows (``_no_rows``) in its terms.
+        self._apart = (apart_sources(over_held, held) if len(self.sources) > 1 and (self.join or self.aggregate)
+                       else {})
+        self._no_rows = held if any(self._apart.values()) else {}
         #: The other sides' reads by source and version (see :meth:`_pinned`).
         self._pinned_reads: dict[tuple[str, int], DataFrame] = {}
         if self.aggregate is not None:
@@ -147,6 +158,9 @@ class SnapshotDesired(Desired):
                     f"({keys})")
         if self.aggregate is not None:
             described = "its query is a linear aggregate: its changes are its groups' changes from the source's changes"
+        elif self.join and self._no_rows:
+            described = ("its query is a union all (of row-wise queries and inner joins): its changes are each "
+                         "source's changes joined with the other sources of its branches")
         elif self.join:
             described = ("its query is an inner join: its changes are each source's changes joined with the "
                          "other sources")
@@ -156,7 +170,7 @@ class SnapshotDesired(Desired):
                         for other, columns in others.items() for a, b in columns})
         if pairs:
             described += f"; each other side read only where its join keys meet the change's ({', '.join(pairs)})"
-        elif len(self.sources) > 1:
+        elif any(len(self._apart.get(name, ())) < len(self.sources) - 1 for name in self.sources):  # some join
             described += "; the other sides read whole (no equality of plain columns of one type to prune them by)"
         return described
 
@@ -285,7 +299,7 @@ class SnapshotDesired(Desired):
             return None
         strategy, from_feed = (("row-wise", self._row_wise_changes) if self.row_wise
                                else ("linear aggregate", self._aggregate_changes) if self.aggregate is not None
-                               else ("inner join", self._join_changes) if self.join
+                               else ("union all" if self._no_rows else "inner join", self._join_changes) if self.join
                                else (self.per_group.strategy, self._per_group_changes) if self.per_group is not None
                                else (None, None))
         if from_feed is not None and not (self.auto is not None and self.auto.takes_full()):
@@ -394,7 +408,7 @@ class SnapshotDesired(Desired):
         at the versions before, each read only where its join keys lie in the ranges of the
         change's keys (:mod:`mvsink.desired.join`; ``feeds.ranges`` holds them by source and
         column, cut once for all the times of the feeds by :meth:`_source_feeds`; one source: the
-        query over its change alone).
+        query over its change alone); the sources apart from it in a union all as no rows.
         A change none of whose rows has a key to join by has no term: its rows join nothing; nor
         has a change with no inserted (or no deleted) rows at ``time`` a term for them."""
         names, terms = list(self.sources), []
@@ -405,6 +419,9 @@ class SnapshotDesired(Desired):
             others = {}
             for j, other in enumerate(names):
                 if j == i:
+                    continue
+                if other in self._apart.get(name, ()):  # in no branch with it: its branches' terms only
+                    others[other] = self._no_rows[other]
                     continue
                 rows = self._pinned(other, (after if j < i else before)[other])
                 for column, other_column in self._join_keys.get(name, {}).get(other, []):
