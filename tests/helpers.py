@@ -651,36 +651,14 @@ def query_results_at_every_time(spark, src: str, sql: str, views: dict[str, str]
 
 def from_the_feed_and_recomputed(spark, tmp_path, src: str, sql: str, edit: Callable[[], None], rounds: int, rng,
                                  key: tuple[str, ...] = (), refresh: str = "incremental"):
-    """Two views of ``sql`` over ``src`` with ``key``: one as mvsink makes it (with ``refresh``),
-    one evaluated in full at each time; ``rounds`` times 1-3 ``edit()`` source commits, then both caught up. A
-    second replica of the first, hydrated at the start, catches up only at the end: its changes
-    span every time since. Both equal the query at every time, rows and key errors
+    """:func:`beside_a_recomputed_view` over one source ``src``, the first view named
+    ``from_feed``: both equal the query at every time, rows and key errors
     (:func:`query_results_at_every_time`). Returns the first view (for what it kept)."""
-    from mvsink import MaterializedView, SnapshotInput, ViewDefinition
-
-    def view(name: str, replica: str = "r1"):
-        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name),
-                                                      SnapshotInput(sql=sql, refresh=refresh), key=key,
-                                                      sources={"src": src}, replica_id=replica))
-
-    views = {name: view(name) for name in ("from_feed", "recomputed")}
-    views["recomputed"].desired.row_wise, views["recomputed"].desired.aggregate = False, None
-    views["recomputed"].desired.per_group = None
-    late = view("from_feed", "r2")
-    for round_ in range(rounds + 1):
-        for each in views.values():
-            each.run_until_caught_up()
-        if round_ == 0:
-            late.run_until_caught_up()
-        for _ in range(rng.randint(1, 3)):
-            edit()
-    for each in [*views.values(), late]:
-        each.run_until_caught_up()
-    upper = views["from_feed"].observed_upper
-    assert upper == views["recomputed"].observed_upper >= rounds
-    targets = {n: str(tmp_path / n) for n in views}
+    view, upper = beside_a_recomputed_view(spark, tmp_path, {"src": src}, sql, edit, rounds, rng, key, refresh,
+                                           "from_feed")
+    targets = {n: str(tmp_path / n) for n in ("from_feed", "recomputed")}
     query_results_at_every_time(spark, src, sql, targets, targets["from_feed"] + "_timeline", upper, key)
-    return views["from_feed"]
+    return view
 
 
 def through_commits_without_feed(spark, view, src: str, caplog, without_feed: str, with_feed: Callable[[], None],
@@ -826,26 +804,25 @@ def edit_customers(spark, src: str, rng, customers: int = 5) -> None:
         insert(spark, src, [(rng.choice([*range(1, customers + 1), None]), rng.choice("xyz"))])
 
 
-def maintained_and_recomputed(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],
-                              rounds: int, rng, key: tuple[str, ...] = (), refresh: str = "incremental"):
-    """Two views of ``sql`` over ``sources`` with ``key``: one as mvsink maintains it (with
-    ``refresh``), one evaluated in full at each time; ``rounds`` times 1-3 ``edit()`` calls (source commits), then
-    both caught up. A second replica of the first, hydrated at the start, catches up only at the
-    end: its changes span every time since. At every time both have the same rows. Returns the
-    first view (for its strategy)."""
-    from collections import Counter
+def beside_a_recomputed_view(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],
+                             rounds: int, rng, key: tuple[str, ...] = (), refresh: str = "incremental",
+                             name: str = "maintained"):
+    """Two views of ``sql`` over ``sources`` with ``key``: ``name`` as mvsink maintains it (with
+    ``refresh``), ``recomputed`` evaluated in full at each time; ``rounds`` times 1-3 ``edit()``
+    calls (source commits), then both caught up. A second replica of the first, hydrated at the
+    start, catches up only at the end: its changes span every time since. Returns the first view
+    and the times both hold."""
+    from mvsink import MaterializedView, SnapshotInput, ViewDefinition
 
-    from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view
-
-    def view(name: str, replica: str = "r1"):
-        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name),
+    def view(view_id: str, replica: str = "r1"):
+        return MaterializedView(spark, ViewDefinition(view_id, str(tmp_path / view_id),
                                                       SnapshotInput(sql=sql, refresh=refresh), key=key,
                                                       sources=sources, replica_id=replica))
 
-    views = {name: view(name) for name in ("maintained", "recomputed")}
+    views = {view_id: view(view_id) for view_id in (name, "recomputed")}
     recomputed = views["recomputed"].desired
     recomputed.row_wise, recomputed.aggregate, recomputed.join, recomputed.per_group = False, None, False, None
-    late = view("maintained", "r2")
+    late = view(name, "r2")
     for round_ in range(rounds + 1):
         for each in views.values():
             each.run_until_caught_up()
@@ -855,10 +832,22 @@ def maintained_and_recomputed(spark, tmp_path, sources: dict[str, str], sql: str
             edit()
     for each in [*views.values(), late]:
         each.run_until_caught_up()
-    upper = views["maintained"].observed_upper
+    upper = views[name].observed_upper
     assert upper == views["recomputed"].observed_upper >= rounds
+    return views[name], upper
+
+
+def maintained_and_recomputed(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],
+                              rounds: int, rng, key: tuple[str, ...] = (), refresh: str = "incremental"):
+    """:func:`beside_a_recomputed_view`, the first view named ``maintained``: at every time both
+    have the same rows. Returns the first view (for its strategy)."""
+    from collections import Counter
+
+    from mvsink import read_view
+
+    view, upper = beside_a_recomputed_view(spark, tmp_path, sources, sql, edit, rounds, rng, key, refresh)
     for at in range(upper):
         maintained, expected = (Counter(tuple(r) for r in read_view(spark, str(tmp_path / n), n, at).collect())
                                 for n in ("maintained", "recomputed"))
         assert maintained == expected, f"time {at}"
-    return views["maintained"]
+    return view

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from helpers import create_source, edit_customers, edit_orders, insert
+from helpers import create_source, edit_customers, edit_orders, insert, maintained_and_recomputed
 from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition, read_view
 from mvsink.desired.join import is_inner_join, reads_each_once
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN
@@ -60,37 +60,18 @@ def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, s
     create_source(spark, customers, [(1, "x"), (2, "y"), (2, "y"), (3, "z"), (None, "x")], CUSTOMERS)
     if not feed:
         spark.sql(f"ALTER TABLE delta.`{orders}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
-    sources = {"orders": orders, "customers": customers}
-
-    def view(name: str, replica: str = "r1") -> MaterializedView:
-        return MaterializedView(spark, ViewDefinition(name, str(tmp_path / name),
-                                                      SnapshotInput(sql=sql, refresh="incremental"),
-                                                      sources=sources, replica_id=replica))
-
-    views = {name: view(name) for name in ("joined", "recomputed")}
-    assert views["joined"].desired.join or views["joined"].desired.aggregate is not None
-    views["recomputed"].desired.join, views["recomputed"].desired.aggregate = False, None
-    late = view("joined", "r2")
     next_id = [100]
-    for round_ in range(7):
-        for each in views.values():
-            each.run_until_caught_up()
-        if round_ == 0:
-            late.run_until_caught_up()
-        for _ in range(rng.randint(1, 3)):
-            if rng.random() < 0.7:
-                edit_orders(spark, orders, rng, next_id)
-            if rng.random() < 0.6:
-                edit_customers(spark, customers, rng)
-    for each in [*views.values(), late]:
-        each.run_until_caught_up()
-    upper = views["joined"].observed_upper
-    assert upper == views["recomputed"].observed_upper >= 7
-    assert views["joined"].desired._previous is None, "a join keeps no result, an aggregate its groups"
-    for at in range(upper):
-        joined, recomputed = (Counter(tuple(r) for r in read_view(spark, str(tmp_path / n), n, at).collect())
-                              for n in ("joined", "recomputed"))
-        assert joined == recomputed, f"time {at}"
+
+    def edit() -> None:
+        if rng.random() < 0.7:
+            edit_orders(spark, orders, rng, next_id)
+        if rng.random() < 0.6:
+            edit_customers(spark, customers, rng)
+
+    view = maintained_and_recomputed(spark, tmp_path, {"orders": orders, "customers": customers}, sql, edit,
+                                     rounds=6, rng=rng)
+    assert view.desired.join or view.desired.aggregate is not None
+    assert view.desired._previous is None, "a join keeps no result, an aggregate its groups"
 
 
 def test_the_refresh_policy_and_the_strategy_each_step_reports(spark, tmp_path):
