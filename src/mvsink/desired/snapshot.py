@@ -484,6 +484,7 @@ class SnapshotDesired(Desired):
         columns lie in the ranges of the step's changed values of every source (or are null, where
         some is), then exactly in the time's groups."""
         feeds, keys, parts = self._source_feeds(times), self.per_group.keys, []
+        cuts = self._group_ranges(feeds)
         for time in times:
             moved = [name for name in keys if name in feeds.rows and {(time, 1), (time, -1)} & feeds.present[name]]
             if not moved:
@@ -495,17 +496,27 @@ class SnapshotDesired(Desired):
                 versions, restricted = self.timeline.versions(at), {}
                 for name, columns in keys.items():
                     rows = self._pinned(name, versions[name])
-                    for i, column in enumerate(columns):
-                        changed = [other for other in keys if other in feeds.rows]
-                        ranged = [other for other in changed if (other, keys[other][i]) in feeds.ranges]
-                        if ranged and len(ranged) == len(changed):
-                            rows = pruned(rows, column, [r for other in ranged for r in feeds.ranges[other, keys[other][i]]],
-                                          any(feeds.nulls[other, keys[other][i]] for other in ranged))
+                    for column, cut in zip(columns, cuts):
+                        if cut is not None:
+                            rows = pruned(rows, column, *cut)
                     restricted[name] = in_groups(rows, groups, columns, feeds.small)
                 parts.append(self._as_updates(self._query(restricted), time, diff))
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         changes = held_changes(updates, times[0], self.view.key, reads=True)
         return replace(changes, reads=self._named(changes.reads))
+
+    def _group_ranges(self, feeds: SourceFeeds) -> list[tuple[list[tuple], bool] | None]:
+        """Per group column (by its place in :attr:`per_group`'s keys): the ranges covering the
+        values of it in every source's change of the step, and whether one is null; None where a
+        changed source's column is not of a type ranges prune."""
+        keys = self.per_group.keys
+        changed = [name for name in keys if name in feeds.rows]
+        cuts = []
+        for i in range(len(next(iter(keys.values())))):
+            columns = [(name, keys[name][i]) for name in changed]
+            cuts.append(None if not all(c in feeds.ranges for c in columns) else
+                        ([r for c in columns for r in feeds.ranges[c]], any(feeds.nulls[c] for c in columns)))
+        return cuts
 
     @staticmethod
     def _feed_rows(feed: DataFrame, time: int) -> list[tuple[int, DataFrame]]:
