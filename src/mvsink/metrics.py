@@ -46,8 +46,8 @@ METRICS = {
     "mvsink_phase_seconds_total": ("counter", "Seconds spent in each phase of the steps (see mvsink.step_profile)."),
     "mvsink_phase_spark_jobs_total": ("counter", "Spark jobs run in each phase of the steps."),
     "mvsink_steps_by_strategy_total": ("counter", "Steps that computed changes of the view, by how (row-wise, linear "
-                                                  "aggregate, per-group recompute, inner join, union all, change "
-                                                  "feed, full evaluation, hydration)."),
+                                                  "aggregate, per-group recompute, per-key recompute, inner join, "
+                                                  "union all, change feed, full evaluation, hydration)."),
     "mvsink_hydrating": ("gauge", "1 while a hydration runs."),
     "mvsink_hydration_started_seconds": ("gauge", "Unix time the running hydration started (0: none runs)."),
     "mvsink_hydration_elapsed_seconds": ("gauge", "Seconds the running hydration has taken so far (0: none runs)."),

@@ -49,8 +49,8 @@ class Changes:
     #: the held rows); None where not known: :func:`mvsink.desired.key_check.touched_keys` finds them.
     touched: DataFrame | None = None
     #: How they were computed: ``change feed`` or ``snapshot difference`` (a change-feed view),
-    #: ``row-wise``, ``linear aggregate``, ``per-group recompute``, ``inner join``, ``union all``
-    #: or ``full evaluation`` (a query view).
+    #: ``row-wise``, ``linear aggregate``, ``per-group recompute``, ``per-key recompute``, ``inner
+    #: join``, ``union all`` or ``full evaluation`` (a query view).
     strategy: str = ""
     #: The files of Delta tables the job that held them scanned (:func:`delta_reads`; the other
     #: sides of a join), where known.
