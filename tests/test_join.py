@@ -74,6 +74,37 @@ def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, s
     assert view.desired._previous is None, "a join keeps no result, an aggregate its groups"
 
 
+@pytest.mark.parametrize("sql, read, strategy", [
+    (JOIN, ("orders", "customers"), "join"),
+    ("SELECT id, amount * 2 AS twice FROM orders WHERE amount > 1", ("orders",), "row_wise"),
+    ("SELECT cust, count(*) AS n, sum(amount) AS total FROM orders GROUP BY cust", ("orders",), "aggregate"),
+], ids=["join", "row-wise", "aggregate"])
+def test_a_declared_source_the_query_does_not_read_leaves_its_strategy(spark, tmp_path, sql, read, strategy):
+    """A view declaring a source its query does not read (as a pipeline's views declare all its
+    sources) keeps the strategy of the sources it reads, and stays exact at every time while the
+    unread source changes too, alone at some times."""
+    rng = random.Random(23)
+    sources = {name: str(tmp_path / name) for name in ("orders", "customers", "returns")}
+    create_source(spark, sources["orders"], [(i, rng.choice([1, 2, 3, None]), rng.randint(0, 5)) for i in range(12)],
+                  ORDERS)
+    create_source(spark, sources["customers"], [(1, "x"), (2, "y"), (3, "z"), (None, "x")], CUSTOMERS)
+    create_source(spark, sources["returns"], [(i, 1, i) for i in range(3)], ORDERS)
+    next_id = [100]
+
+    def edit() -> None:
+        choice = rng.random()
+        if choice < 0.4:
+            edit_orders(spark, sources["orders"], rng, next_id)
+        elif choice < 0.6:
+            edit_customers(spark, sources["customers"], rng)
+        else:
+            edit_orders(spark, sources["returns"], rng, next_id)
+
+    view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng)
+    assert view.desired.read == read
+    assert getattr(view.desired, strategy) not in (None, False), view.desired.strategy_description()
+
+
 def test_the_refresh_policy_and_the_strategy_each_step_reports(spark, tmp_path):
     """``incremental`` refuses a query that cannot be maintained, naming the operator; ``full``
     evaluates a join in full; each step's report says which strategy computed its changes."""

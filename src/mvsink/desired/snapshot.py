@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from functools import reduce
 from time import monotonic
 
+from py4j.protocol import Py4JError
 from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -51,8 +52,9 @@ from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
 from mvsink.desired.per_group import PerGroup, in_groups, per_group
 from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
-from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
+from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through, scala_items
 from mvsink.desired.sources import Desired
+from mvsink.table import spark_uri
 from mvsink.timeline import Timeline
 from mvsink.updates import DIFF, ERROR, TIME
 from mvsink.view import ConfigError, SnapshotInput, ViewDefinition, ViewQuery, sources_named
@@ -102,21 +104,27 @@ class SnapshotDesired(Desired):
         self._state_groups = 0
         #: The query's shape if it is a per-group aggregate (:mod:`mvsink.desired.per_group`).
         self.per_group: PerGroup | None = None
+        #: The declared sources the query reads, in the view's order (a pipeline's view declares
+        #: every source of the pipeline): the strategies maintain the query over these, and a source
+        #: it does not read moves none of its rows (it is given no rows in a step's queries).
+        self.read: tuple[str, ...] = ()
         super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
-        held = (self._held_rows() if len(self.sources) == 1 or self.join or self.aggregate is not None
+        held = (self._held_rows() if len(self.read) == 1 or self.join or self.aggregate is not None
                 or self.per_group is not None else None)
         over_held = self._query(held) if held is not None else None
+        read_rows = [held[name] for name in self.read] if held is not None else []
+        self._unread_rows = {name: rows for name, rows in (held or {}).items() if name not in self.read}
         self.row_wise = self.row_wise and over_held is not None and is_row_wise(over_held, HELD_ROWS)
-        self.join = (self.join and is_inner_join(over_held, HELD_ROWS, len(held))
-                     and reads_each_once(over_held, list(held.values())))
+        self.join = (self.join and is_inner_join(over_held, HELD_ROWS, len(self.read))
+                     and reads_each_once(over_held, read_rows))
         #: A row-wise view's key columns as the source's columns they pass on unchanged (None: a
         #: key column is computed, or no key), and whether the source's rows had unique values of
         #: them at a time (``(time, unique)``, None: not known), see :meth:`_source_keys_unique`.
         self._source_key = passed_through(over_held, view.key) if self.row_wise and view.key else None
         self._source_keys_known: tuple[int, bool] | None = None
         if self.aggregate is not None and (
-                linear_aggregate(over_held, HELD_ROWS, len(held)) != self.aggregate
-                or len(held) > 1 and not reads_each_once(over_held, list(held.values()))):
+                linear_aggregate(over_held, HELD_ROWS, len(self.read)) != self.aggregate
+                or len(self.read) > 1 and not reads_each_once(over_held, read_rows)):
             self.aggregate = None
         if self.per_group is not None:  # its sources named, each read once
             by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
@@ -127,13 +135,14 @@ class SnapshotDesired(Desired):
                      else None)
         #: For a join (or an aggregate over one): per source, the other sources it equals columns
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
-        self._join_keys = (join_keys(over_held, held) if len(self.sources) > 1 and (self.join or self.aggregate)
+        read_held = {name: held[name] for name in self.read} if held is not None else {}
+        self._join_keys = (join_keys(over_held, read_held) if len(self.read) > 1 and (self.join or self.aggregate)
                            else {})
         #: For a union all (or an aggregate over one): per source, the sources apart from it (no branch
         #: joins them, :func:`~mvsink.desired.join.apart_sources`), read as no rows (``_no_rows``) in its terms.
-        self._apart = (apart_sources(over_held, held) if len(self.sources) > 1 and (self.join or self.aggregate)
+        self._apart = (apart_sources(over_held, read_held) if len(self.read) > 1 and (self.join or self.aggregate)
                        else {})
-        self._no_rows = held if any(self._apart.values()) else {}
+        self._no_rows = read_held if any(self._apart.values()) else {}
         #: The other sides' reads by source and version (see :meth:`_pinned`).
         self._pinned_reads: dict[tuple[str, int], DataFrame] = {}
         if self.aggregate is not None:
@@ -170,7 +179,7 @@ class SnapshotDesired(Desired):
                         for other, columns in others.items() for a, b in columns})
         if pairs:
             described += f"; each other side read only where its join keys meet the change's ({', '.join(pairs)})"
-        elif any(len(self._apart.get(name, ())) < len(self.sources) - 1 for name in self.sources):  # some join
+        elif any(len(self._apart.get(name, ())) < len(self.read) - 1 for name in self.read):  # some join
             described += "; the other sides read whole (no equality of plain columns of one type to prune them by)"
         return described
 
@@ -238,12 +247,28 @@ class SnapshotDesired(Desired):
 
     def _user_schema(self) -> T.StructType:
         result = self._contents(self.schema_versions())
-        self.row_wise = is_row_wise(result, TABLE_SCAN)
-        self.join = len(self.sources) > 1 and is_inner_join(result, TABLE_SCAN, len(self.sources))
-        self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.sources))
+        self.read = self._scanned(result)
+        self.row_wise = len(self.read) == 1 and is_row_wise(result, TABLE_SCAN)
+        self.join = len(self.read) > 1 and is_inner_join(result, TABLE_SCAN, len(self.read))
+        self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.read)) if self.read else None
         if self.aggregate is None and not self.join:
             self.per_group = per_group(result, TABLE_SCAN)
         return result.schema
+
+    def _scanned(self, result: DataFrame) -> tuple[str, ...]:
+        """The declared sources whose tables the Delta scans of ``result``'s plan read (outside
+        subqueries, which no strategy maintains), in the view's order."""
+        tables = {_table_path(spark_uri(path)): name for name, path in self.sources.items()}
+        found, pending = set(), [result._jdf.queryExecution().optimizedPlan()]
+        while pending:
+            node = pending.pop()
+            pending += scala_items(node.children())
+            if node.nodeName() == TABLE_SCAN and node.relation().getClass().getSimpleName() == "HadoopFsRelation":
+                try:  # a Delta table's file index has its path
+                    found.add(tables.get(_table_path(node.relation().location().path().toString())))
+                except Py4JError:  # another file index: no source
+                    pass
+        return tuple(name for name in self.sources if name in found)
 
     def _held_rows(self) -> dict[str, DataFrame]:
         """Rows held in Spark (none) for each source, in its columns: the query over them, where
@@ -336,7 +361,7 @@ class SnapshotDesired(Desired):
         move its version (lazy; the query is applied to rows held in Spark, as its shape was
         checked), and its first and last source versions."""
         if name is None:
-            (name,) = self.sources
+            (name,) = self.read
         spans = [(t, self.timeline.versions(t - 1)[name] + 1, self.timeline.versions(t)[name]) for t in times]
         spans = [span for span in spans if span[1] <= span[2]]
         first, last = spans[0][1], spans[-1][2]
@@ -358,9 +383,8 @@ class SnapshotDesired(Desired):
 
     def _named(self, reads: tuple[SourceRead, ...]) -> tuple[SourceRead, ...]:
         """``reads`` with each source's table named by the view's name for it."""
-        paths = {path.rstrip("/").removeprefix("file:"): name for name, path in self.sources.items()}
-        return tuple(replace(read, table=paths.get(read.table.rstrip("/").removeprefix("file:"), read.table))
-                     for read in reads)
+        paths = {_table_path(spark_uri(path)): name for name, path in self.sources.items()}
+        return tuple(replace(read, table=paths.get(_table_path(read.table), read.table)) for read in reads)
 
     def _source_feeds(self, times: list[int]) -> SourceFeeds:
         """Each source's changes at ``times`` (of those whose version moves), held (read once
@@ -374,7 +398,7 @@ class SnapshotDesired(Desired):
         before = self.timeline.versions(times[0] - 1)
         self._pinned_reads = {(name, version): rows for (name, version), rows in self._pinned_reads.items()
                               if version >= before[name]}
-        for name in self.sources:
+        for name in self.read:
             if all(self.timeline.versions(t - 1)[name] == self.timeline.versions(t)[name] for t in times):
                 continue
             feed, first, last = self._feed(times, name)
@@ -385,7 +409,7 @@ class SnapshotDesired(Desired):
             held, (present, *found) = held_observing(feed, f"{_FEED_KEYS}_{len(feeds.rows)}", *observed)
             nulls, sets = found[:len(columns)], found[len(columns):]
             feeds.nulls.update({(name, column): bool(null) for column, null in zip(columns, nulls)})
-            feeds.rows[name] = F.broadcast(held) if is_small and len(self.sources) > 1 else held
+            feeds.rows[name] = F.broadcast(held) if is_small and len(self.read) > 1 else held
             feeds.present[name] = {tuple(pair) for pair in json.loads(present)}
             feeds.small = feeds.small and is_small
             if columns:
@@ -411,12 +435,12 @@ class SnapshotDesired(Desired):
         query over its change alone); the sources apart from it in a union all as no rows.
         A change none of whose rows has a key to join by has no term: its rows join nothing; nor
         has a change with no inserted (or no deleted) rows at ``time`` a term for them."""
-        names, terms = list(self.sources), []
+        names, terms = list(self.read), []
         before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
         for i, name in enumerate(names):
             if before[name] == after[name]:
                 continue
-            others = {}
+            others = dict(self._unread_rows)
             for j, other in enumerate(names):
                 if j == i:
                     continue
@@ -500,7 +524,7 @@ class SnapshotDesired(Desired):
                         if cut is not None:
                             rows = pruned(rows, column, *cut)
                     restricted[name] = in_groups(rows, groups, columns, feeds.small)
-                parts.append(self._as_updates(self._query(restricted), time, diff))
+                parts.append(self._as_updates(self._query({**self._unread_rows, **restricted}), time, diff))
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         changes = held_changes(updates, times[0], self.view.key, reads=True)
         return replace(changes, reads=self._named(changes.reads))
@@ -527,11 +551,13 @@ class SnapshotDesired(Desired):
     def _row_wise_changes(self, times: list[int]) -> Changes:
         """The query over the source's change feed (held): per time, over the inserted rows at +1
         and over the deleted rows at -1 (see :mod:`mvsink.desired.row_wise`)."""
-        (name,) = self.sources
+        (name,) = self.read
+        if all(self.timeline.versions(t - 1)[name] == self.timeline.versions(t)[name] for t in times):
+            return Changes(self._no_updates(), 0, times[0], False if self.view.key else None)  # only unread sources moved
         feed, first, last = self._feed(times)
         small = feed_is_small(self.sources[name], first, last)
         feed, source_keys_move = self._hold_feed(feed, small)
-        parts = [self._as_updates(self._query({name: rows}), time, diff)
+        parts = [self._as_updates(self._query({**self._unread_rows, name: rows}), time, diff)
                  for time in times for diff, rows in self._feed_rows(feed, time)]
         changes = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key,
                                one_task=small)
@@ -572,7 +598,7 @@ class SnapshotDesired(Desired):
             self._source_keys_known = None
             return False
         else:
-            (name,) = self.sources
+            (name,) = self.read
             rows = self.read_source(name, self.timeline.versions(times[-1])[name])
             key = self._source_key
             _, unique = unique_keys(rows.select(*key, F.lit(1).cast("long").alias(DIFF)), key)
@@ -623,6 +649,11 @@ def _sql_over(rows: dict[str, DataFrame], name: str, sql: str) -> DataFrame:
     text = sql.replace("{", "{{").replace("}", "}}")
     return frames[0].sparkSession.sql(f"WITH {ctes}\nSELECT * FROM (\n{text}\n) AS `{name}`",
                                       **{f"t{i}": frame for i, frame in enumerate(frames)})
+
+
+def _table_path(uri: str) -> str:
+    """A table's URI as a plan names it: no ``file:`` scheme, no trailing slash."""
+    return uri.rstrip("/").removeprefix("file:")
 
 
 def _first_line(exc: Exception) -> str:
