@@ -246,29 +246,17 @@ class SnapshotDesired(Desired):
         return result
 
     def _user_schema(self) -> T.StructType:
-        result = self._contents(self.schema_versions())
-        self.read = self._scanned(result)
+        versions = self.schema_versions()
+        rows = {name: self.read_source(name, versions[name], self._session()) for name in self.sources}
+        result = self._query(rows)
+        tables = {table: name for name, frame in rows.items() for table in _delta_tables(frame)}
+        self.read = tuple(name for name in self.sources if name in {tables.get(t) for t in _delta_tables(result)})
         self.row_wise = len(self.read) == 1 and is_row_wise(result, TABLE_SCAN)
         self.join = len(self.read) > 1 and is_inner_join(result, TABLE_SCAN, len(self.read))
         self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.read)) if self.read else None
         if self.aggregate is None and not self.join:
             self.per_group = per_group(result, TABLE_SCAN)
         return result.schema
-
-    def _scanned(self, result: DataFrame) -> tuple[str, ...]:
-        """The declared sources whose tables the Delta scans of ``result``'s plan read (outside
-        subqueries, which no strategy maintains), in the view's order."""
-        tables = {_table_path(spark_uri(path)): name for name, path in self.sources.items()}
-        found, pending = set(), [result._jdf.queryExecution().optimizedPlan()]
-        while pending:
-            node = pending.pop()
-            pending += scala_items(node.children())
-            if node.nodeName() == TABLE_SCAN and node.relation().getClass().getSimpleName() == "HadoopFsRelation":
-                try:  # a Delta table's file index has its path
-                    found.add(tables.get(_table_path(node.relation().location().path().toString())))
-                except Py4JError:  # another file index: no source
-                    pass
-        return tuple(name for name in self.sources if name in found)
 
     def _held_rows(self) -> dict[str, DataFrame]:
         """Rows held in Spark (none) for each source, in its columns: the query over them, where
@@ -649,6 +637,21 @@ def _sql_over(rows: dict[str, DataFrame], name: str, sql: str) -> DataFrame:
     text = sql.replace("{", "{{").replace("}", "}}")
     return frames[0].sparkSession.sql(f"WITH {ctes}\nSELECT * FROM (\n{text}\n) AS `{name}`",
                                       **{f"t{i}": frame for i, frame in enumerate(frames)})
+
+
+def _delta_tables(frame: DataFrame) -> set[str]:
+    """The Delta tables the scans of ``frame``'s plan read (outside subqueries, which no strategy
+    maintains), as the plan names them."""
+    tables, pending = set(), [frame._jdf.queryExecution().optimizedPlan()]
+    while pending:
+        node = pending.pop()
+        pending += scala_items(node.children())
+        if node.nodeName() == TABLE_SCAN and node.relation().getClass().getSimpleName() == "HadoopFsRelation":
+            try:  # a Delta table's file index has its path
+                tables.add(node.relation().location().path().toString())
+            except Py4JError:  # another file index: no Delta table
+                pass
+    return tables
 
 
 def _table_path(uri: str) -> str:
