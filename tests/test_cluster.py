@@ -66,10 +66,6 @@ def _start(cmd: list[str], log: Path, env: dict) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-#: Its tests share a module fixture, so they run on one worker (pytest-xdist).
-pytestmark = pytest.mark.xdist_group("cluster")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A standalone master and two workers (``spark-class`` processes, each in its own process

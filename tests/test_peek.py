@@ -39,10 +39,6 @@ BATCHES = {
 }
 
 
-#: Its tests share a module fixture, so they run on one worker (pytest-xdist).
-pytestmark = pytest.mark.xdist_group("peek")
-
-
 @pytest.fixture(scope="module")
 def target(spark, tmp_path_factory):
     """The view of :data:`BATCHES`, written with mvsink's own stage and append."""

@@ -31,10 +31,6 @@ from mvsink.replica import cli
 from mvsink.view import view_from_spec
 
 
-#: Its tests share a module fixture, so they run on one worker (pytest-xdist).
-pytestmark = pytest.mark.xdist_group("pipeline")
-
-
 @pytest.fixture(scope="module")
 def shop(spark, tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("shop")

@@ -65,10 +65,6 @@ class RawStream:
         self.channel.close()
 
 
-#: Its tests share a module fixture, so they run on one worker (pytest-xdist).
-pytestmark = pytest.mark.xdist_group("protocol")
-
-
 @pytest.fixture(scope="module")
 def env(spark, tmp_path_factory):
     d = tmp_path_factory.mktemp("protocol")

@@ -14,10 +14,6 @@ from mvsink.append import Shard, compare_and_append
 from mvsink.cleanup import clean_orphans
 
 
-#: Its tests share a module fixture, so they run on one worker (pytest-xdist).
-pytestmark = pytest.mark.xdist_group("s3_cleanup")
-
-
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     yield from s3_server_fixture(tmp_path_factory)

@@ -14,10 +14,6 @@ from mvsink.target.commit_info import META_COMMIT
 from mvsink.mint import Description
 
 
-#: Its tests share a module fixture, so they run on one worker (pytest-xdist).
-pytestmark = pytest.mark.xdist_group("s3_faults")
-
-
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     yield from s3_server_fixture(tmp_path_factory)

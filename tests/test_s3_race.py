@@ -18,10 +18,6 @@ ROUNDS = 100
 SCHEMA = row_schema()
 
 
-#: Its tests share a module fixture, so they run on one worker (pytest-xdist).
-pytestmark = pytest.mark.xdist_group("s3_race")
-
-
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     yield from s3_server_fixture(tmp_path_factory)

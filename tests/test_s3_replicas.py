@@ -16,10 +16,6 @@ from mvsink.check import check_table, expected_from_source
 SOURCE_VERSIONS = 14
 
 
-#: Its tests share a module fixture, so they run on one worker (pytest-xdist).
-pytestmark = pytest.mark.xdist_group("s3_replicas")
-
-
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     yield from s3_server_fixture(tmp_path_factory)
