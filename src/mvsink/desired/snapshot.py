@@ -112,11 +112,11 @@ class SnapshotDesired(Desired):
         held = (self._held_rows() if len(self.read) == 1 or self.join or self.aggregate is not None
                 or self.per_group is not None else None)
         over_held = self._query(held) if held is not None else None
-        read_rows = [held[name] for name in self.read] if held is not None else []
+        read_held = {name: held[name] for name in self.read} if held is not None else {}
         self._unread_rows = {name: rows for name, rows in (held or {}).items() if name not in self.read}
         self.row_wise = self.row_wise and over_held is not None and is_row_wise(over_held, HELD_ROWS)
         self.join = (self.join and is_inner_join(over_held, HELD_ROWS, len(self.read))
-                     and reads_each_once(over_held, read_rows))
+                     and reads_each_once(over_held, list(read_held.values())))
         #: A row-wise view's key columns as the source's columns they pass on unchanged (None: a
         #: key column is computed, or no key), and whether the source's rows had unique values of
         #: them at a time (``(time, unique)``, None: not known), see :meth:`_source_keys_unique`.
@@ -124,7 +124,7 @@ class SnapshotDesired(Desired):
         self._source_keys_known: tuple[int, bool] | None = None
         if self.aggregate is not None and (
                 linear_aggregate(over_held, HELD_ROWS, len(self.read)) != self.aggregate
-                or len(self.read) > 1 and not reads_each_once(over_held, read_rows)):
+                or len(self.read) > 1 and not reads_each_once(over_held, list(read_held.values()))):
             self.aggregate = None
         if self.per_group is not None:  # its sources named, each read once
             by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
@@ -135,7 +135,6 @@ class SnapshotDesired(Desired):
                      else None)
         #: For a join (or an aggregate over one): per source, the other sources it equals columns
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
-        read_held = {name: held[name] for name in self.read} if held is not None else {}
         self._join_keys = (join_keys(over_held, read_held) if len(self.read) > 1 and (self.join or self.aggregate)
                            else {})
         #: For a union all (or an aggregate over one): per source, the sources apart from it (no branch
