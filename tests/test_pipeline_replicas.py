@@ -49,23 +49,23 @@ def test_two_replicas_a_kill_and_a_promoted_changed_pipeline(spark, tmp_path):
     try:
         wait_for(lambda: _all_caught_up(targets, timeline), timeout=400, what="every view's first commit",
                  watch=tuple(blue))
-        for n in range(10):
+        for n in range(6):
             random_commit(spark, sources, rng, n, next_key)
-            if n == 3:
+            if n == 1:
                 blue[0].kill(signal.SIGKILL)
-            if n == 7:
+            if n == 4:
                 blue[0].start()
         wait_for(lambda: _all_caught_up(targets, timeline), timeout=400, what="the blue replicas to catch up",
                  watch=tuple(blue))
         green.start()
         wait_for(lambda: green.logs().count("hydration done") >= len(VIEWS), timeout=400,
                  what="green to hydrate every view", watch=(green,))
-        random_commit(spark, sources, rng, 10, next_key)
+        random_commit(spark, sources, rng, 6, next_key)
         allow.touch()
         for replica in blue:
             wait_for(lambda: not replica.alive(), timeout=300, what=f"{replica.replica_id} to be fenced")
             assert replica.proc.returncode == 3, replica.logs()[-3000:]
-        for n in range(11, 13):
+        for n in range(7, 9):
             random_commit(spark, sources, rng, n, next_key)
         wait_for(lambda: _all_caught_up(targets, timeline), timeout=400, what="green to catch up", watch=(green,))
     finally:

@@ -12,10 +12,10 @@ from helpers import (Replica, create_source, edit_with_restarts, insert, read_pl
 from mvsink.check import caught_up, check_table, expected_from_source
 from mvsink.view import resolve_function
 
-SOURCE_VERSIONS = 32
+SOURCE_VERSIONS = 24
 #: Three race in test_timeline_replicas (a view over three sources).
 REPLICAS = 2
-RESTARTS = 4
+RESTARTS = 3
 
 TRANSFORM = '''
 def shout(row):
