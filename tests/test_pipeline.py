@@ -152,6 +152,12 @@ def test_a_pipeline_in_one_session_is_exact_at_every_time_and_consistent(spark, 
     explained = capsys.readouterr().out
     assert f"view nation_revenue ({tmp_path}/sql/gold.sql:11): level 2, key (n_name)" in explained
     assert "    reads customer_revenue\n" in explained and "view_customer_revenue --> view_nation_revenue" in explained
+    # Each view's strategy, as `mvsink explain view.yaml` says it, under the view.
+    assert "    reads customer, nation\n    its query is an inner join:" in explained
+    assert ("    reads customer_nation, order_lines\n    its query is a linear aggregate: its changes are its groups' "
+            "changes from each source's changes joined with the other sources;") in explained
+    assert "    reads orders\n    its query is row-wise:" in explained
+    assert "    reads customer_revenue\n    its query is evaluated in full at each time (it has an Aggregate" in explained
     assert cli.main(["status", "--pipeline", str(tmp_path)]) == 0
     status = capsys.readouterr().out
     assert all(f"view {view} in {targets[view]} (table layout" in status for view in VIEWS), status

@@ -165,7 +165,8 @@ class SnapshotDesired(Desired):
                     f"touch, recomputed before and after; each source read only where its key meets the changes' "
                     f"({keys})")
         if self.aggregate is not None:
-            described = "its query is a linear aggregate: its changes are its groups' changes from the source's changes"
+            over = "each source's changes joined with the other sources" if len(self.read) > 1 else "the source's changes"
+            described = f"its query is a linear aggregate: its changes are its groups' changes from {over}"
         elif self.join and self._no_rows:
             described = ("its query is a union all (of row-wise queries and inner joins): its changes are each "
                          "source's changes joined with the other sources of its branches")

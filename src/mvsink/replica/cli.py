@@ -209,8 +209,9 @@ def run(args: argparse.Namespace) -> None:
         from mvsink.pipeline.explain import explain
         from mvsink.spark import spark_session
 
-        pipeline = load_pipeline(spark_session("mvsink-explain"), args.pipeline)
-        print(pipeline.graph.mermaid() if args.mermaid else explain(pipeline))
+        spark = spark_session("mvsink-explain")
+        pipeline = load_pipeline(spark, args.pipeline)
+        print(pipeline.graph.mermaid() if args.mermaid else explain(spark, pipeline))
         return
     if args.command == "status" and args.pipeline:
         from mvsink.pipeline import read_config
