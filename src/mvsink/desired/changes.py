@@ -12,6 +12,7 @@ are reported (:func:`delta_reads`), read off the plan it ran.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
@@ -19,6 +20,7 @@ from pyspark.sql import functions as F
 
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.key_check import key_count_change
+from mvsink.desired.row_wise import TABLE_SCAN, scala_items
 from mvsink.table import change_data_bytes
 from mvsink.updates import consolidate
 from mvsink.view import ConfigError
@@ -70,18 +72,26 @@ class SourceRead:
         return f"{self.table}@v{self.version} {self.files}/{self.total_files} files"
 
 
+def delta_file_indexes(frame: DataFrame) -> Iterator:
+    """The file indexes (Delta's ``TahoeFileIndex``) of the Delta table scans in ``frame``'s
+    optimized plan, in plan order; scans inside subqueries are not walked."""
+    tahoe = frame.sparkSession._jvm.org.apache.spark.util.Utils.classForName(
+        "org.apache.spark.sql.delta.files.TahoeFileIndex", True, False)
+    pending = [frame._jdf.queryExecution().optimizedPlan()]
+    while pending:
+        node = pending.pop()
+        pending += reversed(scala_items(node.children()))
+        if node.nodeName() == TABLE_SCAN and node.relation().getClass().getSimpleName() == "HadoopFsRelation" \
+                and tahoe.isInstance(node.relation().location()):
+            yield node.relation().location()
+
+
 def delta_reads(executed: DataFrame) -> tuple[SourceRead, ...]:
     """The Delta table scans of the plan a Spark job ran for ``executed`` (its optimized plan,
     computed by the job, with Delta's prepared scans: no work), in plan order."""
-    reads, pending = [], [executed._jdf.queryExecution().optimizedPlan()]
-    while pending:
-        node = pending.pop()
-        children = node.children()
-        pending += [children.apply(i) for i in range(children.size() - 1, -1, -1)]
-        if node.nodeName() != "LogicalRelation":
-            continue
-        index = node.relation().location() if node.relation().getClass().getSimpleName() == "HadoopFsRelation" else None
-        if index is None or index.getClass().getSimpleName() != "PreparedDeltaFileIndex":
+    reads = []
+    for index in delta_file_indexes(executed):
+        if index.getClass().getSimpleName() != "PreparedDeltaFileIndex":
             continue
         scan = index.preparedScan()
         if scan.scanned().files().isDefined() and scan.total().files().isDefined():

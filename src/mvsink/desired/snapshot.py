@@ -37,7 +37,6 @@ from dataclasses import dataclass, replace
 from functools import reduce
 from time import monotonic
 
-from py4j.protocol import Py4JError
 from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -45,14 +44,15 @@ from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
-from mvsink.desired.changes import NET, Changes, SourceRead, delta_reads, feed_is_small, held_changes, unreadable
+from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small, held_changes,
+                                    unreadable)
 from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
                                  reads_each_once)
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
 from mvsink.desired.per_group import PerGroup, in_groups, per_group
 from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
-from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through, scala_items
+from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 from mvsink.desired.sources import Desired
 from mvsink.table import spark_uri
 from mvsink.timeline import Timeline
@@ -642,16 +642,7 @@ def _sql_over(rows: dict[str, DataFrame], name: str, sql: str) -> DataFrame:
 def _delta_tables(frame: DataFrame) -> set[str]:
     """The Delta tables the scans of ``frame``'s plan read (outside subqueries, which no strategy
     maintains), as the plan names them."""
-    tables, pending = set(), [frame._jdf.queryExecution().optimizedPlan()]
-    while pending:
-        node = pending.pop()
-        pending += scala_items(node.children())
-        if node.nodeName() == TABLE_SCAN and node.relation().getClass().getSimpleName() == "HadoopFsRelation":
-            try:  # a Delta table's file index has its path
-                tables.add(node.relation().location().path().toString())
-            except Py4JError:  # another file index: no Delta table
-                pass
-    return tables
+    return {index.path().toString() for index in delta_file_indexes(frame)}
 
 
 def _table_path(uri: str) -> str:
