@@ -649,14 +649,14 @@ def query_results_at_every_time(spark, src: str, sql: str, views: dict[str, str]
                 assert errors == expected_errors, f"view {view_id}'s errors at time {at}"
 
 
-def from_the_feed_and_recomputed(spark, tmp_path, src: str, sql: str, edit: Callable[[], None], rounds: int, rng,
-                                 key: tuple[str, ...] = (), refresh: str = "incremental"):
-    """:func:`beside_a_recomputed_view` over one source ``src``, the first view named
-    ``from_feed``: both equal the query at every time, rows and key errors
-    (:func:`query_results_at_every_time`). Returns the first view (for what it kept)."""
-    view, upper = beside_a_recomputed_view(spark, tmp_path, {"src": src}, sql, edit, rounds, rng, key, refresh,
-                                           "from_feed")
-    targets = {n: str(tmp_path / n) for n in ("from_feed", "recomputed")}
+def from_the_feed(spark, tmp_path, src: str, sql: str, edit: Callable[[], None], rounds: int, rng,
+                  key: tuple[str, ...] = (), refresh: str = "incremental", recomputed: bool = False):
+    """:func:`through_random_rounds` over one source ``src``, the view named ``from_feed`` (beside
+    the view ``recomputed`` in full, if asked): each equals the query at every time, rows and key
+    errors (:func:`query_results_at_every_time`). Returns the first view (for what it kept)."""
+    view, upper = through_random_rounds(spark, tmp_path, {"src": src}, sql, edit, rounds, rng, key, refresh,
+                                        "from_feed", recomputed)
+    targets = {n: str(tmp_path / n) for n in ("from_feed", "recomputed")[:2 if recomputed else 1]}
     query_results_at_every_time(spark, src, sql, targets, targets["from_feed"] + "_timeline", upper, key)
     return view
 
@@ -804,14 +804,14 @@ def edit_customers(spark, src: str, rng, customers: int = 5) -> None:
         insert(spark, src, [(rng.choice([*range(1, customers + 1), None]), rng.choice("xyz"))])
 
 
-def beside_a_recomputed_view(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],
-                             rounds: int, rng, key: tuple[str, ...] = (), refresh: str = "incremental",
-                             name: str = "maintained"):
-    """Two views of ``sql`` over ``sources`` with ``key``: ``name`` as mvsink maintains it (with
-    ``refresh``), ``recomputed`` evaluated in full at each time; ``rounds`` times 1-3 ``edit()``
-    calls (source commits), then both caught up. A second replica of the first, hydrated at the
-    start, catches up only at the end: its changes span every time since. Returns the first view
-    and the times both hold."""
+def through_random_rounds(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],
+                          rounds: int, rng, key: tuple[str, ...] = (), refresh: str = "incremental",
+                          name: str = "maintained", recomputed: bool = True):
+    """The view ``name`` of ``sql`` over ``sources`` with ``key``, as mvsink maintains it (with
+    ``refresh``), and if ``recomputed`` the view ``recomputed`` evaluated in full at each time;
+    ``rounds`` times 1-3 ``edit()`` calls (source commits), then caught up. A second replica of the
+    first, hydrated at the start, catches up only at the end: its changes span every time since.
+    Returns the first view and the times every view holds."""
     from mvsink import MaterializedView, SnapshotInput, ViewDefinition
 
     def view(view_id: str, replica: str = "r1"):
@@ -819,9 +819,10 @@ def beside_a_recomputed_view(spark, tmp_path, sources: dict[str, str], sql: str,
                                                       SnapshotInput(sql=sql, refresh=refresh), key=key,
                                                       sources=sources, replica_id=replica))
 
-    views = {view_id: view(view_id) for view_id in (name, "recomputed")}
-    recomputed = views["recomputed"].desired
-    recomputed.row_wise, recomputed.aggregate, recomputed.join, recomputed.per_group = False, None, False, None
+    views = {view_id: view(view_id) for view_id in ((name, "recomputed") if recomputed else (name,))}
+    if recomputed:
+        full = views["recomputed"].desired
+        full.row_wise, full.aggregate, full.join, full.per_group = False, None, False, None
     late = view(name, "r2")
     for round_ in range(rounds + 1):
         for each in views.values():
@@ -833,19 +834,19 @@ def beside_a_recomputed_view(spark, tmp_path, sources: dict[str, str], sql: str,
     for each in [*views.values(), late]:
         each.run_until_caught_up()
     upper = views[name].observed_upper
-    assert upper == views["recomputed"].observed_upper >= rounds
+    assert {each.observed_upper for each in views.values()} == {upper} and upper >= rounds
     return views[name], upper
 
 
 def maintained_and_recomputed(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],
                               rounds: int, rng, key: tuple[str, ...] = (), refresh: str = "incremental"):
-    """:func:`beside_a_recomputed_view`, the first view named ``maintained``: at every time both
-    have the same rows. Returns the first view (for its strategy)."""
+    """:func:`through_random_rounds` with the view ``recomputed``: at every time both have the
+    same rows. Returns the first view (for its strategy)."""
     from collections import Counter
 
     from mvsink import read_view
 
-    view, upper = beside_a_recomputed_view(spark, tmp_path, sources, sql, edit, rounds, rng, key, refresh)
+    view, upper = through_random_rounds(spark, tmp_path, sources, sql, edit, rounds, rng, key, refresh)
     for at in range(upper):
         maintained, expected = (Counter(tuple(r) for r in read_view(spark, str(tmp_path / n), n, at).collect())
                                 for n in ("maintained", "recomputed"))

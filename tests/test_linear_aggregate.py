@@ -1,7 +1,7 @@
 """Linear aggregate views (:mod:`mvsink.desired.linear_aggregate`): which queries are, and that their changes
 from the source's change feed are exactly the differences of the query's results (groups that
 appear and vanish, null groups, sums of nulls, decimals, averages of integers and decimals as Spark
-computes them, sums and averages of expressions), beside the same view recomputed."""
+computes them, sums and averages of expressions), checked against the query at every time."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
+from helpers import (create_source, from_the_feed, insert, query_over_a_source,
                      query_results_at_every_time, random_commit, through_commits_without_feed)
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view, view_errors
 from mvsink.desired import snapshot
@@ -89,9 +89,9 @@ def _edit(spark, src: str, rng: random.Random, next_id: list[int]) -> None:
         "averages-keyed"])
 def test_aggregate_changes_equal_the_differences_of_the_query_results(spark, tmp_path, monkeypatch, sql, key,
                                                                         rounds, one_task, feed):
-    """The same view twice, one from the change feed (linear aggregate), one recomputed in full;
-    several commits per time, and a replica that catches up over many times at once. Both equal
-    the query over the source's version at every time: its rows (groups with null values are
+    """The view from the change feed (linear aggregate), several commits per time, and a replica
+    that catches up over many times at once. Both replicas' commits equal the query over the
+    source's version at every time: its rows (groups with null values are
     rows of a keyless view) and, keyed, its key errors. The state is moved in one task (few
     groups, a small feed) or, as for many groups, shuffled by group."""
     if not one_task:
@@ -102,7 +102,7 @@ def test_aggregate_changes_equal_the_differences_of_the_query_results(spark, tmp
     if not feed:
         spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
     next_id = [100]
-    view = from_the_feed_and_recomputed(spark, tmp_path, src, sql, lambda: _edit(spark, src, rng, next_id),
+    view = from_the_feed(spark, tmp_path, src, sql, lambda: _edit(spark, src, rng, next_id),
                                         rounds=rounds, rng=rng, key=key)
     assert view.desired.aggregate is not None
     assert view.desired._previous is None, "a linear aggregate keeps its state, not its result"

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import (create_source, from_the_feed_and_recomputed, insert, query_over_a_source,
+from helpers import (create_source, from_the_feed, insert, query_over_a_source,
                      query_results_at_every_time, random_commit, through_commits_without_feed)
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view, view_errors
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
@@ -87,17 +87,17 @@ def _contents(spark, target: str, view_id: str, time: int) -> Counter:
 
 @pytest.mark.parametrize("feed", [True, False], ids=["feed", "no-feed"])
 def test_row_wise_changes_equal_the_differences_of_the_query_results(spark, tmp_path, feed):
-    """The same keyless view twice, one with its changes from the source's changes (row-wise: its
-    change data feed, or without it its commits' files), one recomputed in full; several source
-    commits per time, rows entering and leaving the filter, duplicates, nulls, -0.0. At every time
-    both equal the query over the source's version."""
+    """A keyless view with its changes from the source's changes (row-wise: its change data
+    feed, or without it its commits' files); several source commits per time, rows entering and
+    leaving the filter, duplicates, nulls, -0.0, and a replica that catches up over many times at
+    once. At every time it equals the query over the source's version."""
     rng = random.Random(9)
     src = str(tmp_path / "src")
     create_source(spark, src, [_random_row(rng, i) for i in range(30)], SCHEMA)
     if not feed:
         spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
     next_id = [100]
-    view = from_the_feed_and_recomputed(spark, tmp_path, src, QUERY, lambda: _edit(spark, src, rng, next_id),
+    view = from_the_feed(spark, tmp_path, src, QUERY, lambda: _edit(spark, src, rng, next_id),
                                         rounds=6, rng=rng)
     assert view.desired.row_wise
     assert view.desired._previous is None, "a row-wise view keeps no result"
@@ -190,5 +190,5 @@ def test_a_keyed_row_wise_view_equals_the_query_as_source_keys_repeat_and_stop(s
                       delete=lambda: f"DELETE FROM delta.`{src}` WHERE id > 19 OR pmod(id, 7) = {rng.randint(0, 6)}",
                       inserts=lambda: [_random_row(rng, rng.randint(0, 19))])
 
-    view = from_the_feed_and_recomputed(spark, tmp_path, src, QUERY, edit, rounds=8, rng=rng, key=("id",))
+    view = from_the_feed(spark, tmp_path, src, QUERY, edit, rounds=8, rng=rng, key=("id",), recomputed=True)
     assert view.desired.row_wise and view.desired._source_key == ("id",)
