@@ -44,8 +44,8 @@ from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
-from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small, held_changes,
-                                    unreadable)
+from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small,
+                                    held_changes, unreadable)
 from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
                                  reads_each_once)
 from mvsink.desired.key_check import unique_keys
@@ -165,7 +165,8 @@ class SnapshotDesired(Desired):
                     f"touch, recomputed before and after; each source read only where its key meets the changes' "
                     f"({keys})")
         if self.aggregate is not None:
-            over = "each source's changes joined with the other sources" if len(self.read) > 1 else "the source's changes"
+            over = ("each source's changes joined with the other sources" if len(self.read) > 1
+                    else "the source's changes")
             described = f"its query is a linear aggregate: its changes are its groups' changes from {over}"
         elif self.join and self._no_rows:
             described = ("its query is a union all (of row-wise queries and inner joins): its changes are each "

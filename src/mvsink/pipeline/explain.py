@@ -1,8 +1,9 @@
 """``mvsink explain --pipeline DIR`` and ``mvsink status --pipeline DIR``: a pipeline in words.
 
 Explain shows each view in dependency order (where it is defined, its level, key, target, what it
-reads, the strategy its changes get and why, as ``mvsink explain view.yaml`` says it) and the graph as a Mermaid flowchart; it loads the pipeline as a job would, so it is also
-the check that the pipeline would start. Status reads each view's table and the timeline alone
+reads, the strategy its changes get and why, as ``mvsink explain view.yaml`` says it) and the graph
+as a Mermaid flowchart; it loads the pipeline as a job would, so it is also the check that the
+pipeline would start. Status reads each view's table and the timeline alone
 (:func:`mvsink.target.status.table_status`, no Spark), a view not written yet said so.
 """
 
