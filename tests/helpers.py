@@ -656,7 +656,7 @@ def from_the_feed(spark, tmp_path, src: str, sql: str, edit: Callable[[], None],
     errors (:func:`query_results_at_every_time`). Returns the first view (for what it kept)."""
     view, upper = through_random_rounds(spark, tmp_path, {"src": src}, sql, edit, rounds, rng, key, refresh,
                                         "from_feed", recomputed)
-    targets = {n: str(tmp_path / n) for n in ("from_feed", "recomputed")[:2 if recomputed else 1]}
+    targets = {n: str(tmp_path / n) for n in (("from_feed", "recomputed") if recomputed else ("from_feed",))}
     query_results_at_every_time(spark, src, sql, targets, targets["from_feed"] + "_timeline", upper, key)
     return view
 
