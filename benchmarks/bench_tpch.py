@@ -35,8 +35,11 @@ table up to date:
 At the end the three targets and the query are compared through an order-independent hash, so no
 contender is timed doing the wrong thing.
 
+With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
+log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
+
 Run: ``python benchmarks/bench_tpch.py [--query q3|q1|q5|q10|q13|lines] [--scale 1] [--rounds 5]
-[--changed-orders N]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
+[--changed-orders N] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_sink import WORKDIR_HELP, fingerprint, machine, percentile, work_directory  # noqa: E402
+from spark_work import event_log_conf, summaries  # noqa: E402
 
 #: Each view: its SQL, its key (the group-by columns that identify a row) and the tables it reads.
 QUERIES = {
@@ -118,6 +122,8 @@ def main() -> int:
     parser.add_argument("--also-full", action="store_true",
                         help="also keep the view with refresh full, timed in the same rounds: where full "
                              "evaluation becomes cheaper than the sources' changes")
+    parser.add_argument("--spark-work", action="store_true",
+                        help="print where each mvsink round's time went in Spark (from Spark's event log)")
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
     args = parser.parse_args()
     with work_directory(args.workdir, "tpch") as workdir:
@@ -171,7 +177,10 @@ def run(args, workdir: str) -> int:
     from mvsink.spark import spark_session
 
     sql, key, tables = QUERIES[args.query]
-    spark = spark_session("mvsink-bench-tpch")
+    event_log = os.path.join(workdir, "event-log")
+    if args.spark_work:
+        os.makedirs(event_log)
+    spark = spark_session("mvsink-bench-tpch", event_log_conf(event_log) if args.spark_work else None)
     raw = os.path.join(workdir, "raw")
     started = time.monotonic()
     generate(args.scale, tables, raw)
@@ -241,15 +250,17 @@ def run(args, workdir: str) -> int:
     deleted_orders = args.changed_orders or max(1, int(orders_count * args.delete_fraction))
     times = {name: [] for name in [*views, "overwrite", "MERGE", "query alone"]}
     contenders = {"overwrite": overwrite, "MERGE": merge, "query alone": query_alone}
-    strategies = set()
+    strategies, stretches = set(), []  # stretches: each round's mvsink steps, wall clock
     for round_ in range(1, args.rounds + 1):
         oldest = refresh(spark, sources, round_, new_orders, deleted_orders, orders_count)
         phases_then = dict(view.metrics.phase_seconds)
         steps = {}  # the views take turns going first (the first reads the new source versions' logs)
         for name, each in sorted(views.items(), key=lambda item: item[0] == "mvsink", reverse=round_ % 2 == 1):
-            started = time.monotonic()
+            started, wall = time.monotonic(), time.time()
             steps[name] = caught_up(each)
             times[name].append(time.monotonic() - started)
+            if name == "mvsink":
+                stretches.append((wall, time.time()))
         reports = steps["mvsink"]
         strategies.update(r.strategy for r in reports if r.strategy)
         phases = ", ".join(f"{p} {s - phases_then.get(p, 0.0):.2f}s" for p, s in view.metrics.phase_seconds.items()
@@ -284,6 +295,10 @@ def run(args, workdir: str) -> int:
     print(f"final contents identical (rows, hash): {same} "
           f"({', '.join(f'{n} {h[1]:,}' for n, h in hashes.items())})")
     spark.stop()
+    if args.spark_work:
+        print("mvsink's Spark work per round:")
+        for round_, line in enumerate(summaries(event_log, stretches), 1):
+            print(f"  round {round_}: {line}")
     return 0 if same else 1
 
 
