@@ -212,6 +212,12 @@ class GroupStates:
         over it."""
         return combined.where(self._moved).select(self._updates)
 
+    def key_moving_updates(self, combined: DataFrame) -> DataFrame:
+        """The updates of :meth:`updates` that may change the row count of a key of the view
+        (:meth:`next_state`'s flag): their keys are every key whose count changes (and maybe a few
+        whose count does not)."""
+        return self.updates(combined.where(F.col(_KEY_MOVES)))
+
     def output(self, state: DataFrame) -> DataFrame:
         """The query's result held by ``state``."""
         return state.select(*self._output)

@@ -463,14 +463,16 @@ class SnapshotDesired(Desired):
         and after (+1), see :mod:`mvsink.desired.linear_aggregate`. Each time's new state and its updates
         are held by one Spark job, which also counts them (in one task where the feed and the
         groups are small); where distinct groups have distinct rows, the updates are consolidated
-        as they are. The next step starts from the last state."""
+        as they are, and the keys whose row count may change are those of the held groups that
+        say so (read by the key check, no job of their own). The next step starts from the last
+        state."""
         aggregate, groups = self.aggregate, self._groups
         if self._state_time != times[0] - 1:  # none held for that time (after a recomputed range)
             self._hold_state(times[0] - 1)
         # held: read once for all the times, and a query over held rows keeps its Aggregate (over
         # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
         feeds = self._source_feeds(times)
-        parts, size, key_moves, executed = [], 0, False, []
+        parts, key_moving, size, key_moves, executed = [], [], 0, False, []
         for time in times:
             terms = self._change_terms(time, feeds)
             if not terms:  # no change at this time joins anything: the groups stay
@@ -483,12 +485,16 @@ class SnapshotDesired(Desired):
                 groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement, executed=executed)
             size, key_moves = size + moved, key_moves or moves
             parts.append(self._as_updates(groups.updates(combined), time))
+            key_moving.append(groups.key_moving_updates(combined))
             self._state, self._state_time, self._state_groups = groups.kept_state(combined), time, kept
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         reads = self._named(tuple(read for frame in executed for read in delta_reads(frame)))
         if not aggregate.rows_are_distinct:
             return replace(held_changes(updates, times[0], self.view.key), reads=reads)
-        return Changes(updates, size, times[0], key_moves if self.view.key else None, reads=reads)
+        if not self.view.key:
+            return Changes(updates, size, times[0], reads=reads)
+        touched = reduce(DataFrame.unionByName, key_moving).select(*self.view.key) if key_moving else None
+        return Changes(updates, size, times[0], key_moves, touched, reads=reads)
 
     def _per_group_changes(self, times: list[int]) -> Changes:
         """Per time, the query over the sources at its versions (+1) and at the versions before
