@@ -67,7 +67,7 @@ from mvsink.definition import definition_id
 from mvsink.desired.changes import Changes
 from mvsink.desired.choose import desired_for
 from mvsink.desired.hydration import Hydration
-from mvsink.desired.key_check import KeyErrors, KeyRanges, touched_keys, unique_keys, unique_keys_by_shuffle
+from mvsink.desired.key_check import KeyErrors, KeyRanges, unique_keys, unique_keys_by_shuffle
 from mvsink.target.layout import META_ERRORS, TABLE
 from mvsink.metrics import ViewMetrics
 from mvsink.step_profile import PHASES, StepProfile
@@ -529,12 +529,7 @@ class MaterializedView:
         if desired is not None:
             if not desired.key_counts_change:
                 return
-            if desired.touched is not None:  # at most as many keys as updates
-                touched = desired.touched, desired.size
-            else:
-                touched = touched_keys(desired.updates, self.view.key)
-                if not touched[1]:  # the flag was conservative (a linear aggregate's moved groups)
-                    return
+            touched = desired.touched, desired.size  # at most as many keys as updates
         fix = self._key_errors.corrections(self.readback.contents(), self.correction.updates, touched, since)
         # Materialized apart (small: errors only), so that a view without violations, the common
         # case, does not fold and re-checkpoint the whole buffer for nothing.

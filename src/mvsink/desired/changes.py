@@ -47,8 +47,9 @@ class Changes:
     #: starts or ends (as a row-wise view over a source with unique keys can); None for a view
     #: without key columns.
     key_counts_change: bool | None = None
-    #: The key columns of the updates whose key's row count changes (a key may repeat; lazy over
-    #: the held rows); None where not known: :func:`mvsink.desired.key_check.touched_keys` finds them.
+    #: The key columns of the updates whose key's row count may change (a key may repeat; lazy
+    #: over the held rows): every key whose count changes is there. Set wherever
+    #: :attr:`key_counts_change` is true.
     touched: DataFrame | None = None
     #: How they were computed: ``change feed`` or ``snapshot difference`` (a change-feed view),
     #: ``row-wise``, ``linear aggregate``, ``per-group recompute``, ``per-key recompute``, ``inner

@@ -26,10 +26,9 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.correction import checkpointed
 from mvsink.updates import DIFF, ERROR, TIME, advance_times
 
-_POINT, _NET, _N, _NOW, _BEFORE = "_mv_point", "_mv_net", "_mv_n", "_mv_now", "_mv_before"
+_POINT, _N, _NOW, _BEFORE = "_mv_point", "_mv_n", "_mv_now", "_mv_before"
 #: The most touched keys that are broadcast to the tasks reading the view's rows, each probing
 #: them in memory with no row shuffled (a few MB); more are joined by a sort-merge, which spills.
 BROADCAST_KEYS = 200_000
@@ -45,13 +44,6 @@ def key_count_change(key: tuple[str, ...]) -> Column:
     ok = F.col(ERROR).isNull() & _all_not_null(list(key))
     net = F.when(ok, F.col(DIFF)).otherwise(F.lit(0).cast("long"))
     return F.sum(net).over(Window.partitionBy(*key, TIME))
-
-
-def touched_keys(updates: DataFrame, key: tuple[str, ...]) -> tuple[DataFrame, int]:
-    """The distinct keys whose row count changes at some time in ``updates`` (see
-    :func:`key_count_change`), held in Spark, and how many there are: one Spark job."""
-    net = updates.withColumn(_NET, key_count_change(key))
-    return checkpointed(net.where(F.col(_NET) != 0).select(*key).distinct())
 
 
 class KeyErrors:
@@ -92,7 +84,7 @@ class KeyErrors:
 
         ``persisted``: all updates in the table; ``corrections``: the buffer (times >= ``since``);
         ``touched``: key tuples whose rows changed (repeats allowed) and at most how many distinct
-        ones there are (:func:`touched_keys`; None: every key, as when hydrating).
+        ones there are (:attr:`~mvsink.desired.changes.Changes.touched`; None: every key, as when hydrating).
         """
         desired = advance_times(persisted.unionByName(corrections), since)
         if touched is not None:
