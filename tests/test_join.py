@@ -46,18 +46,22 @@ def test_which_queries_are_inner_joins(spark, tmp_path, sql, join):
             and reads_each_once(over_held, held)) is join
 
 
-@pytest.mark.parametrize("sql, feed", [(JOIN, True), (JOIN, False), (AGGREGATE, False)],
-                         ids=["join", "join-no-feed", "aggregate-no-feed"])
-def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, sql, feed):
+@pytest.mark.parametrize("sql, feed, vectors", [(JOIN, True, False), (JOIN, False, False), (AGGREGATE, False, False),
+                                                (AGGREGATE, True, True)],
+                         ids=["join", "join-no-feed", "aggregate-no-feed", "aggregate-deletion-vectors"])
+def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, sql, feed, vectors):
     """The same view twice, one from its sources' changes (an inner join, or a linear aggregate
     over one: groups appear and empty), one evaluated in full;
     1-3 commits to either or both sources per time (deletes on both sides in one time), and a
     replica that catches up over every time at once at the end. At every time both have the
-    same rows."""
+    same rows. The other sides are read from the files delta-rs lists, or (customers with
+    deletion vectors) through Delta."""
     rng = random.Random(17)
     orders, customers = str(tmp_path / "orders"), str(tmp_path / "customers")
     create_source(spark, orders, [(i, rng.choice([1, 2, 3, None]), rng.randint(0, 5)) for i in range(20)], ORDERS)
     create_source(spark, customers, [(1, "x"), (2, "y"), (2, "y"), (3, "z"), (None, "x")], CUSTOMERS)
+    if vectors:
+        spark.sql(f"ALTER TABLE delta.`{customers}` SET TBLPROPERTIES (delta.enableDeletionVectors = true)")
     if not feed:
         spark.sql(f"ALTER TABLE delta.`{orders}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
     next_id = [100]

@@ -12,7 +12,8 @@ updates at the same times. A view's input is one of:
   (:mod:`~mvsink.desired.row_wise`), its groups moved by them
   (:mod:`~mvsink.desired.linear_aggregate`), the groups (or a key join's keys) they touch recomputed
   (:mod:`~mvsink.desired.per_group`), each source's changes joined with the other sources
-  (:mod:`~mvsink.desired.join`; for a ``UNION ALL``, those of its branches), or the difference of
+  (:mod:`~mvsink.desired.join`; for a ``UNION ALL``, those of its branches; the other sides read
+  from the files :mod:`~mvsink.desired.listed_files` lists where it can), or the difference of
   its full evaluations at consecutive times.
 
 A source's changes come from its change data feed, or, where its commits wrote no change data,

@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from time import monotonic
 
+import pyarrow as pa
 from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -49,6 +50,7 @@ from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes
 from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
                                  reads_each_once)
 from mvsink.desired.key_check import unique_keys
+from mvsink.desired.listed_files import add_actions, files_in_ranges, read_files
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
 from mvsink.desired.per_group import PerGroup, in_groups, per_group
 from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
@@ -81,6 +83,10 @@ class SourceFeeds:
     nulls: dict[tuple[str, str], bool]
     #: Each change's ``(time, diff)`` pairs that have rows.
     present: dict[str, set[tuple[int, int]]]
+    #: The other sides read from listed files (:meth:`SnapshotDesired._other_side`), by source,
+    #: version and ranges (the inserted and deleted rows' terms share one), and what each read.
+    listed: dict[tuple, DataFrame] = field(default_factory=dict)
+    listed_reads: list[SourceRead] = field(default_factory=list)
 
 
 class SnapshotDesired(Desired):
@@ -142,8 +148,10 @@ class SnapshotDesired(Desired):
         self._apart = (apart_sources(over_held, read_held) if len(self.read) > 1 and (self.join or self.aggregate)
                        else {})
         self._no_rows = read_held if any(self._apart.values()) else {}
-        #: The other sides' reads by source and version (see :meth:`_pinned`).
+        #: The other sides' reads by source and version (see :meth:`_pinned`), and their files'
+        #: add actions where delta-rs lists them (:func:`~mvsink.desired.listed_files.add_actions`).
         self._pinned_reads: dict[tuple[str, int], DataFrame] = {}
+        self._add_actions: dict[tuple[str, int], pa.Table | None] = {}
         if self.aggregate is not None:
             self._groups = GroupStates(self.aggregate, self.user_schema, view.key)
         log.info("view %r: %s", view.view_id, self.strategy_description())
@@ -364,7 +372,7 @@ class SnapshotDesired(Desired):
                  for time in times for diff, result in self._change_terms(time, feeds)]
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         changes = held_changes(updates, times[0], self.view.key, reads=True)
-        return replace(changes, reads=self._named(changes.reads))
+        return replace(changes, reads=self._named(changes.reads + tuple(feeds.listed_reads)))
 
     def _no_updates(self) -> DataFrame:
         """No updates, in the table schema."""
@@ -387,6 +395,8 @@ class SnapshotDesired(Desired):
         before = self.timeline.versions(times[0] - 1)
         self._pinned_reads = {(name, version): rows for (name, version), rows in self._pinned_reads.items()
                               if version >= before[name]}
+        self._add_actions = {(name, version): actions for (name, version), actions in self._add_actions.items()
+                             if version >= before[name]}
         for name in self.read:
             if all(self.timeline.versions(t - 1)[name] == self.timeline.versions(t)[name] for t in times):
                 continue
@@ -427,7 +437,9 @@ class SnapshotDesired(Desired):
         names, terms = list(self.read), []
         before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
         for i, name in enumerate(names):
-            if before[name] == after[name]:
+            if before[name] == after[name] or any(
+                    not feeds.ranges[name, column] for pairs in self._join_keys.get(name, {}).values()
+                    for column, _ in pairs):
                 continue
             others = dict(self._unread_rows)
             for j, other in enumerate(names):
@@ -436,16 +448,35 @@ class SnapshotDesired(Desired):
                 if other in self._apart.get(name, ()):  # in no branch with it: its branches' terms only
                     others[other] = self._no_rows[other]
                     continue
-                rows = self._pinned(other, (after if j < i else before)[other])
-                for column, other_column in self._join_keys.get(name, {}).get(other, []):
-                    rows = pruned(rows, other_column, feeds.ranges[name, column])
-                others[other] = rows
-            if any(not feeds.ranges[name, column] for pairs in self._join_keys.get(name, {}).values()
-                   for column, _ in pairs):
-                continue
+                cuts = [(other_column, feeds.ranges[name, column])
+                        for column, other_column in self._join_keys.get(name, {}).get(other, [])]
+                others[other] = self._other_side(other, (after if j < i else before)[other], cuts, feeds)
             terms += [(diff, self._query({**others, name: rows})) for diff, rows in self._feed_rows(feeds.rows[name], time)
                       if (time, diff) in feeds.present[name]]
         return terms
+
+    def _other_side(self, name: str, version: int, cuts: list[tuple[str, list[tuple]]],
+                    feeds: SourceFeeds) -> DataFrame:
+        """Source ``name`` at ``version`` where each ``(column, ranges)`` of ``cuts`` lies in its
+        ranges: read from the files listed by :mod:`~mvsink.desired.listed_files` (with no Spark job
+        preparing the scan) where the table allows it, else through Delta's data skipping."""
+        rows = self._pinned(name, version)
+        key = (name, version, tuple((column, tuple(ranges)) for column, ranges in cuts))
+        if key not in feeds.listed:
+            if (name, version) not in self._add_actions:
+                self._add_actions[name, version] = add_actions(self.sources[name], version)
+            actions = self._add_actions[name, version]
+            if actions is not None:
+                uris = files_in_ranges(self.sources[name], actions, rows.schema, cuts)
+                feeds.listed[key] = read_files(self._session(), uris, rows.schema)
+                feeds.listed_reads.append(SourceRead(spark_uri(self.sources[name]), version, len(uris),
+                                                     actions.num_rows))
+            else:
+                feeds.listed[key] = None
+        rows = feeds.listed[key] if feeds.listed[key] is not None else rows
+        for column, ranges in cuts:
+            rows = pruned(rows, column, ranges)
+        return rows
 
     def _pinned(self, name: str, version: int) -> DataFrame:
         """Source ``name`` at ``version``: one DataFrame for all the terms and steps that read that
@@ -488,7 +519,7 @@ class SnapshotDesired(Desired):
             key_moving.append(groups.key_moving_updates(combined))
             self._state, self._state_time, self._state_groups = groups.kept_state(combined), time, kept
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
-        reads = self._named(tuple(read for frame in executed for read in delta_reads(frame)))
+        reads = self._named((*(read for frame in executed for read in delta_reads(frame)), *feeds.listed_reads))
         if not aggregate.rows_are_distinct:
             return replace(held_changes(updates, times[0], self.view.key), reads=reads)
         if not self.view.key:

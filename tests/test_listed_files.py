@@ -1,0 +1,72 @@
+"""A join's other side read from the files listed by delta-rs (:mod:`mvsink.desired.listed_files`):
+the files whose statistics can hold a key of the ranges, exactly the rows Delta reads there, and
+tables that are not plain Parquet left to Delta."""
+
+import datetime
+from decimal import Decimal
+
+from pyspark.sql import functions as F
+
+from mvsink.desired.join import pruned
+from mvsink.desired.listed_files import add_actions, files_in_ranges, read_files
+
+SCHEMA = "id BIGINT, day DATE, price DECIMAL(10,2), name STRING"
+
+
+def _table(spark, path: str, files: int = 4, properties: str = "delta.enableDeletionVectors = false",
+           partitioned: bool = False) -> int:
+    """100 rows in ``files`` files by ``id`` (of 4: ids 0-24, 25-49, ...; one commit each), day and
+    price rising with it. Returns the table's version."""
+    spark.sql(f"CREATE TABLE delta.`{path}` ({SCHEMA}) USING delta "
+              f"{'PARTITIONED BY (name) ' if partitioned else ''}TBLPROPERTIES ({properties})")
+    size = 100 // files
+    for k in range(files):
+        rows = [(i, datetime.date(2024, 1, 1) + datetime.timedelta(days=i), Decimal(i) / 4, f"n{i % 3}")
+                for i in range(k * size, (k + 1) * size)]
+        spark.createDataFrame(rows, SCHEMA).coalesce(1).write.format("delta").mode("append").save(path)
+    return files
+
+
+def test_the_files_whose_statistics_can_hold_a_key_are_read_with_the_rows_delta_reads(spark, tmp_path):
+    path = str(tmp_path / "t")
+    version = _table(spark, path)
+    actions = add_actions(path, version)
+    assert actions is not None and actions.num_rows == 4
+    delta = spark.read.format("delta").option("versionAsOf", version).load(path)
+    cases = [
+        ([("id", [(3, 3), (60, 70)])], 2),                                        # the 1st and 3rd files
+        ([("id", [(200, 300)])], 0),                                               # none
+        ([("id", [(0, 99)]), ("day", [(datetime.date(2024, 1, 1),) * 2])], 1),     # both: the 1st
+        ([("price", [(Decimal("20.00"), Decimal("20.25"))])], 1),                  # ids 80, 81: the 4th
+        ([("name", [("n1", "n1")])], 4),                                           # strings: not pruned
+        ([], 4),                                                                   # no ranges: every file
+    ]
+    for cuts, files in cases:
+        uris = files_in_ranges(path, actions, delta.schema, cuts)
+        assert len(uris) == files, (cuts, uris)
+        listed, through_delta = read_files(spark, uris, delta.schema), delta
+        for column, ranges in cuts:
+            listed, through_delta = pruned(listed, column, ranges), pruned(through_delta, column, ranges)
+        assert sorted(listed.collect()) == sorted(through_delta.collect()), cuts
+
+
+def test_a_file_without_statistics_is_kept(spark, tmp_path):
+    path = str(tmp_path / "t")
+    spark.conf.set("spark.databricks.delta.stats.collect", "false")
+    try:
+        version = _table(spark, path, files=2)
+    finally:
+        spark.conf.unset("spark.databricks.delta.stats.collect")
+    delta = spark.read.format("delta").load(path)
+    assert len(files_in_ranges(path, add_actions(path, version), delta.schema, [("id", [(200, 300)])])) == 2
+
+
+def test_a_table_that_is_not_plain_parquet_is_left_to_delta(spark, tmp_path):
+    """Deletion vectors (a reader feature) and partition columns: not listed here."""
+    vectors, partitioned = str(tmp_path / "dv"), str(tmp_path / "part")
+    version = _table(spark, vectors, properties="delta.enableDeletionVectors = true")
+    spark.sql(f"DELETE FROM delta.`{vectors}` WHERE id = 7")
+    assert add_actions(vectors, version + 1) is None
+    assert add_actions(partitioned, _table(spark, partitioned, partitioned=True)) is None
+    assert add_actions(str(tmp_path / "missing"), 0) is None
+    assert spark.read.format("delta").load(vectors).where(F.col("id") == 7).count() == 0
