@@ -50,8 +50,8 @@ from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes
 from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
                                  reads_each_once)
 from mvsink.desired.key_check import unique_keys
-from mvsink.desired.listed_files import add_actions, files_in_ranges, read_files
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
+from mvsink.desired.listed_files import add_actions, files_in_ranges, read_files
 from mvsink.desired.per_group import PerGroup, in_groups, per_group
 from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
