@@ -70,3 +70,13 @@ def test_a_table_that_is_not_plain_parquet_is_left_to_delta(spark, tmp_path):
     assert add_actions(partitioned, _table(spark, partitioned, partitioned=True)) is None
     assert add_actions(str(tmp_path / "missing"), 0) is None
     assert spark.read.format("delta").load(vectors).where(F.col("id") == 7).count() == 0
+
+
+def test_a_char_column_is_left_to_delta(spark, tmp_path):
+    """Spark pads a ``CHAR`` column's values by its schema's metadata: such a table is read through Delta."""
+    path = str(tmp_path / "t")
+    spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT, code CHAR(3)) USING delta")
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES (1, 'a')")
+    delta = spark.read.format("delta").load(path)
+    assert add_actions(path, 1) is not None
+    assert read_files(spark, files_in_ranges(path, add_actions(path, 1), delta.schema, []), delta.schema) is None

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 _PRUNED_TYPES = ((T.ByteType, T.ShortType, T.IntegerType, T.LongType), (T.DateType,), (T.DecimalType,))
 _VALUE_TYPES = (int, datetime.date, Decimal)
 _GLOB = "*?[]{}\\"
+_CHAR_VARCHAR = "__CHAR_VARCHAR_TYPE_STRING"
 
 
 def add_actions(path: str, version: int) -> pa.Table | None:
@@ -74,8 +75,12 @@ def files_in_ranges(path: str, actions: pa.Table, schema: T.StructType,
     return [file_uri(path, p) for p, kept in zip(paths, keep) if kept]
 
 
-def read_files(spark: SparkSession, uris: list[str], schema: T.StructType) -> DataFrame:
-    """The rows of the Parquet files ``uris`` in ``schema`` (no file: no rows)."""
+def read_files(spark: SparkSession, uris: list[str], schema: T.StructType) -> DataFrame | None:
+    """The rows of the Parquet files ``uris`` in ``schema`` (no file: no rows); None where the
+    schema has a ``CHAR``/``VARCHAR`` column, whose reads Spark pads by the schema's metadata: left
+    to Delta's reader."""
+    if _CHAR_VARCHAR in schema.json():
+        return None
     if not uris:
         return spark.createDataFrame([], schema)
     return spark.read.schema(schema).parquet(*uris)

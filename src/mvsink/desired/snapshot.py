@@ -466,13 +466,11 @@ class SnapshotDesired(Desired):
             if (name, version) not in self._add_actions:
                 self._add_actions[name, version] = add_actions(self.sources[name], version)
             actions = self._add_actions[name, version]
-            if actions is not None:
-                uris = files_in_ranges(self.sources[name], actions, rows.schema, cuts)
-                feeds.listed[key] = read_files(self._session(), uris, rows.schema)
+            uris = files_in_ranges(self.sources[name], actions, rows.schema, cuts) if actions is not None else []
+            feeds.listed[key] = read_files(self._session(), uris, rows.schema) if actions is not None else None
+            if feeds.listed[key] is not None:
                 feeds.listed_reads.append(SourceRead(spark_uri(self.sources[name]), version, len(uris),
                                                      actions.num_rows))
-            else:
-                feeds.listed[key] = None
         rows = feeds.listed[key] if feeds.listed[key] is not None else rows
         for column, ranges in cuts:
             rows = pruned(rows, column, ranges)
