@@ -1,4 +1,4 @@
-"""A source at a version read from only the data files whose statistics can hold a change's join keys, listed without Spark.
+"""A source at a version read from only the files whose statistics can hold a change's join keys, listed without Spark.
 
 Delta prepares a filtered scan with Spark jobs over the snapshot's file statistics: 0.15-0.3 s a
 scan on 2 cores, twice on a version not read before, most of a small join step's time. Where a
