@@ -465,12 +465,13 @@ class SnapshotDesired(Desired):
         if key not in feeds.listed:
             if (name, version) not in self._add_actions:
                 self._add_actions[name, version] = add_actions(self.sources[name], version)
-            actions = self._add_actions[name, version]
-            uris = files_in_ranges(self.sources[name], actions, rows.schema, cuts) if actions is not None else []
-            feeds.listed[key] = read_files(self._session(), uris, rows.schema) if actions is not None else None
-            if feeds.listed[key] is not None:
-                feeds.listed_reads.append(SourceRead(spark_uri(self.sources[name]), version, len(uris),
-                                                     actions.num_rows))
+            actions, feeds.listed[key] = self._add_actions[name, version], None
+            if actions is not None:
+                uris = files_in_ranges(self.sources[name], actions, rows.schema, cuts)
+                feeds.listed[key] = read_files(self._session(), uris, rows.schema)
+                if feeds.listed[key] is not None:
+                    feeds.listed_reads.append(SourceRead(spark_uri(self.sources[name]), version, len(uris),
+                                                         actions.num_rows))
         rows = feeds.listed[key] if feeds.listed[key] is not None else rows
         for column, ranges in cuts:
             rows = pruned(rows, column, ranges)
