@@ -684,10 +684,17 @@ def through_commits_without_feed(spark, view, src: str, caplog, without_feed: st
     assert not any("cannot be read" in r.getMessage() for r in caplog.records), "from the feed again"
 
 
+#: The one-row sources of :func:`query_over_a_source` by ``(row, schema)``: made once a run.
+_ONE_ROW_SOURCES: dict[tuple[tuple, str], str] = {}
+
+
 def query_over_a_source(spark, tmp_path, sql: str, row: tuple, schema: str):
-    """``sql`` over a Delta source of one ``row`` (registered as ``src``), as a DataFrame."""
-    src = str(tmp_path / "src")
-    create_source(spark, src, [row], schema)
+    """``sql`` over a Delta source of one ``row`` (registered as ``src``), as a DataFrame. The
+    source is made once a run for each row and schema (next to ``tmp_path``) and never changed."""
+    src = _ONE_ROW_SOURCES.get((row, schema))
+    if src is None:
+        src = _ONE_ROW_SOURCES[row, schema] = str(tmp_path.parent / f"one-row-source-{len(_ONE_ROW_SOURCES)}")
+        create_source(spark, src, [row], schema)
     spark.read.format("delta").load(src).createOrReplaceTempView("src")
     return spark.sql(sql)
 

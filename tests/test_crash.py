@@ -1,11 +1,11 @@
-"""kill -9 a replica while it writes and while it commits; after a restart the table is right."""
+"""kill -9 a replica while it writes and while it commits, at each failpoint in turn; after a restart
+the table is right and every orphan is gone."""
 
 from __future__ import annotations
 
 import os
 import signal
 
-import pytest
 from deltalake import DeltaTable
 
 from helpers import Replica, create_source, insert, wait_for, write_config
@@ -24,8 +24,13 @@ def _staged(tgt):
     return {f for f in os.listdir(tgt) if f.startswith("mvsink-crashy-")}
 
 
-@pytest.mark.parametrize("failpoint", ["after-stage", "before-commit", "after-commit"])
-def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path, failpoint):
+FAILPOINTS = ("after-stage", "before-commit", "after-commit")
+
+
+def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path):
+    """One replica killed at each failpoint in turn, each kill's successor starting on what the
+    last one left (staged files, a commit it never saw as won); the last restart cleans every
+    orphan up and the table is right at every version."""
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a"), (2, "b")])
     config = write_config(tmp_path / "view.yaml", view_id="crashy", target=tgt, key=["id"],
@@ -36,23 +41,26 @@ def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path, failpo
     wait_for(lambda: caught_up(tgt, "crashy"), timeout=240, what="the first commits", watch=(healthy,))
     healthy.kill(signal.SIGTERM)
 
-    marker = tmp_path / "frozen"
-    doomed = Replica(config, "r0", logs, env={"MVSINK_FAILPOINT": failpoint,
-                                              "MVSINK_FAILPOINT_MARKER": str(marker)}).start()
-    upper_before = _upper(tgt)
-    insert(spark, src, [(3, "c"), (4, "d")])
-    wait_for(marker.exists, timeout=240, what=f"the replica to reach {failpoint}", watch=(doomed,))
-    doomed.kill(signal.SIGKILL)
-    committed = _upper(tgt) > upper_before
-    assert committed == (failpoint == "after-commit")
-    leftovers = _staged(tgt) - _committed(tgt)
-    assert bool(leftovers) == (failpoint != "after-commit"), "a staged file is left behind by the kill"
+    orphans: set[str] = set()
+    for n, failpoint in enumerate(FAILPOINTS):
+        marker = tmp_path / f"frozen-{failpoint}"
+        doomed = Replica(config, "r0", logs, env={"MVSINK_FAILPOINT": failpoint,
+                                                  "MVSINK_FAILPOINT_MARKER": str(marker)}).start()
+        upper_before = _upper(tgt)
+        insert(spark, src, [(10 + n, "c"), (20 + n, "d")])
+        wait_for(marker.exists, timeout=240, what=f"the replica to reach {failpoint}", watch=(doomed,))
+        doomed.kill(signal.SIGKILL)
+        committed = _upper(tgt) > upper_before
+        assert committed == (failpoint == "after-commit"), failpoint
+        leftovers = _staged(tgt) - _committed(tgt) - orphans
+        assert bool(leftovers) == (failpoint != "after-commit"), f"a staged file is left behind by the kill at {failpoint}"
+        orphans |= leftovers
 
     spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 1")
     restarted = Replica(config, "r0", logs, "--orphan-grace-seconds", "0").start()
     try:
         wait_for(lambda: caught_up(tgt, "crashy"), timeout=240, what="catching up", watch=(restarted,))
-        wait_for(lambda: not (leftovers & _staged(tgt)), timeout=60, what="orphans to be cleaned up", watch=(restarted,))
+        wait_for(lambda: not (orphans & _staged(tgt)), timeout=60, what="orphans to be cleaned up", watch=(restarted,))
     finally:
         restarted.kill(signal.SIGTERM)
     result = check_table(tgt, "crashy", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=tgt + "_timeline"))

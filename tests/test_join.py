@@ -20,6 +20,15 @@ AGGREGATE = ("SELECT c.segment, count(*) AS n, sum(o.amount) AS total FROM order
              "ON o.cust = c.cust GROUP BY c.segment")
 
 
+@pytest.fixture(scope="module")
+def empty_sources(spark, tmp_path_factory) -> dict[str, str]:
+    """Orders and customers with no rows, made once for the tests that only plan over them."""
+    root = tmp_path_factory.mktemp("join_sources")
+    for name, schema in (("orders", ORDERS), ("customers", CUSTOMERS)):
+        create_source(spark, str(root / name), schema=schema)
+    return {name: str(root / name) for name in ("orders", "customers")}
+
+
 @pytest.mark.parametrize("sql, join", [
     (JOIN, True),
     ("SELECT o.id, c.segment, o.amount * 2 AS twice FROM orders o, customers c WHERE o.cust = c.cust", True),
@@ -31,12 +40,11 @@ AGGREGATE = ("SELECT c.segment, count(*) AS n, sum(o.amount) AS total FROM order
     ("SELECT a.id FROM orders a JOIN orders b ON a.cust = b.cust", False),  # a self-join reads a source twice
     ("SELECT o.id FROM orders o WHERE o.cust IN (SELECT cust FROM customers)", False),
 ], ids=["equi", "where", "extra-condition", "left", "aggregate", "rand", "self", "subquery"])
-def test_which_queries_are_inner_joins(spark, tmp_path, sql, join):
+def test_which_queries_are_inner_joins(spark, empty_sources, sql, join):
     """Over the sources, and over rows held in Spark, each read once, as a view checks it."""
     held = []
-    for name, schema in (("orders", ORDERS), ("customers", CUSTOMERS)):
-        create_source(spark, str(tmp_path / name), schema=schema)
-        spark.read.format("delta").load(str(tmp_path / name)).createOrReplaceTempView(name)
+    for name, path in empty_sources.items():
+        spark.read.format("delta").load(path).createOrReplaceTempView(name)
     over_sources = spark.sql(sql)
     for name in ("orders", "customers"):
         held.append(spark.table(name).limit(0).localCheckpoint(eager=True))

@@ -43,6 +43,12 @@ def _sources(spark, tmp_path, rng: random.Random | None = None) -> dict[str, str
     return sources
 
 
+@pytest.fixture(scope="module")
+def unchanged_sources(spark, tmp_path_factory) -> dict[str, str]:
+    """:func:`_sources` for the tests that only read them, made once."""
+    return _sources(spark, tmp_path_factory.mktemp("key_join_sources"))
+
+
 @pytest.mark.parametrize("sql, keys", [
     (LEFT, BY_CUST),
     ("SELECT o.id, c.segment FROM customers c RIGHT JOIN orders o ON c.cust = o.cust", BY_CUST),
@@ -71,9 +77,9 @@ def _sources(spark, tmp_path, rng: random.Random | None = None) -> dict[str, str
 ], ids=["left", "right", "full", "anti", "semi", "aggregate", "key-and-more", "three", "same-leaf-twice",
         "groups-span-keys", "padded-key", "no-group-by", "non-equi", "computed", "two-keys", "rand", "self",
         "double-sum"])
-def test_which_queries_are_key_joins(spark, tmp_path, sql, keys):
+def test_which_queries_are_key_joins(spark, unchanged_sources, sql, keys):
     """Over rows held in Spark, each source read once, as a view checks it."""
-    sources = _sources(spark, tmp_path)
+    sources = unchanged_sources
     for name, path in sources.items():
         spark.read.format("delta").load(path).createOrReplaceTempView(name)
     over_sources = spark.sql(sql)
@@ -170,13 +176,14 @@ def test_a_step_reads_only_the_changed_keys_files(spark, tmp_path):
     assert before == (1, 4) and after[0] - (after[1] - 4) == 1, "orders: the last of the 4 old files (and the insert's)"
 
 
-def test_refresh_policies_explain_and_the_inner_join_keeping_its_strategy(spark, tmp_path, capsys):
+def test_refresh_policies_explain_and_the_inner_join_keeping_its_strategy(spark, tmp_path, unchanged_sources,
+                                                                            capsys):
     """``incremental`` takes a key join and still refuses a non-equi outer join (naming it);
     ``full`` evaluates it in full; an inner join keeps the join strategy; ``mvsink explain``
     prints the strategy and the keys."""
     from mvsink.replica import cli
 
-    sources = _sources(spark, tmp_path)
+    sources = unchanged_sources
 
     def view(sql: str, refresh: str) -> MaterializedView:
         return MaterializedView(spark, ViewDefinition("v", str(tmp_path / refresh), SnapshotInput(

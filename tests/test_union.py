@@ -48,6 +48,12 @@ def _view(spark, tmp_path, name: str, sql: str, sources: dict[str, str], refresh
                                                   sources=read, replica_id=replica))
 
 
+@pytest.fixture(scope="module")
+def unchanged_sources(spark, tmp_path_factory) -> dict[str, str]:
+    """:func:`_sources` for the tests that only read them, made once."""
+    return _sources(spark, tmp_path_factory.mktemp("union_sources"))
+
+
 @pytest.mark.parametrize("sql, strategy", [
     ("SELECT id, amount FROM orders UNION ALL SELECT id, amount FROM returns", "union all"),
     (UNION_JOIN, "union all"),
@@ -60,11 +66,11 @@ def _view(spark, tmp_path, name: str, sql: str, sources: dict[str, str], refresh
     ("SELECT id FROM orders UNION ALL SELECT id FROM returns LIMIT 3", None),
 ], ids=["two-row-wise", "row-wise-and-join", "join-over-union", "nested-three", "distinct-branch", "union-distinct",
         "left-join-branch", "rand", "limit"])
-def test_which_queries_are_union_alls(spark, tmp_path, sql, strategy):
+def test_which_queries_are_union_alls(spark, tmp_path, unchanged_sources, sql, strategy):
     """Each view reads only the sources its query names (each once); a query is a union all
     where every branch is row-wise or an inner join, and only then; ``UNION`` (distinct) is the
     linear aggregate it is (count of rows per distinct row), never a union all."""
-    desired = _view(spark, tmp_path, "v", sql, _sources(spark, tmp_path)).desired
+    desired = _view(spark, tmp_path, "v", sql, unchanged_sources).desired
     taken = ("union all" if desired.join and desired._no_rows else "inner join" if desired.join
              else "linear aggregate" if desired.aggregate is not None else None)
     assert taken == strategy, desired.strategy_description()
