@@ -1,6 +1,7 @@
-"""A join's other side read from the files listed by delta-rs (:mod:`mvsink.desired.listed_files`):
-the files whose statistics can hold a key of the ranges, exactly the rows Delta reads there, and
-tables that are not plain Parquet left to Delta."""
+"""A source read from the files listed by delta-rs (:mod:`mvsink.desired.listed_files`), as a join's
+other side or a per-group aggregate's groups are: the files whose statistics can hold a key of the
+ranges (or a null, where asked), exactly the rows Delta reads there, and tables that are not plain
+Parquet left to Delta."""
 
 import datetime
 from decimal import Decimal
@@ -29,25 +30,32 @@ def _table(spark, path: str, files: int = 4, properties: str = "delta.enableDele
 
 def test_the_files_whose_statistics_can_hold_a_key_are_read_with_the_rows_delta_reads(spark, tmp_path):
     path = str(tmp_path / "t")
-    version = _table(spark, path)
+    _table(spark, path)
+    # a 5th file: id 300 and a null id (its null count 1), days and prices past the others'
+    spark.createDataFrame([(300, datetime.date(2030, 1, 1), Decimal("75.00"), "n0"),
+                           (None, datetime.date(2030, 1, 2), Decimal("75.25"), "n1")], SCHEMA) \
+        .coalesce(1).write.format("delta").mode("append").save(path)
+    version = 5
     actions = add_actions(path, version)
-    assert actions is not None and actions.num_rows == 4
+    assert actions is not None and actions.num_rows == 5
     delta = spark.read.format("delta").option("versionAsOf", version).load(path)
     cases = [
-        ([("id", [(3, 3), (60, 70)])], 2),                                        # the 1st and 3rd files
-        ([("id", [(200, 300)])], 0),                                               # none
-        ([("id", [(0, 99)]), ("day", [(datetime.date(2024, 1, 1),) * 2])], 1),     # both: the 1st
-        ([("price", [(Decimal("20.00"), Decimal("20.25"))])], 1),                  # ids 80, 81: the 4th
-        ([("name", [("n1", "n1")])], 4),                                           # strings: not pruned
-        ([], 4),                                                                   # no ranges: every file
+        ([("id", [(3, 3), (60, 70)], False)], 2),                                  # the 1st and 3rd files
+        ([("id", [(400, 500)], False)], 0),                                        # none
+        ([("id", [(3, 3)], True)], 2),                                             # the 1st, the 5th's null
+        ([("id", [], True)], 1),                                                   # nulls alone: the 5th
+        ([("id", [(0, 99)], False), ("day", [(datetime.date(2024, 1, 1),) * 2], False)], 1),  # both: the 1st
+        ([("price", [(Decimal("20.00"), Decimal("20.25"))], False)], 1),           # ids 80, 81: the 4th
+        ([("name", [("n1", "n1")], False)], 5),                                    # strings: not pruned
+        ([], 5),                                                                   # no ranges: every file
     ]
     for cuts, files in cases:
         uris = files_in_ranges(path, actions, delta.schema, cuts)
         assert len(uris) == files, (cuts, uris)
         listed, through_delta = read_files(spark, uris, delta.schema), delta
-        for column, ranges in cuts:
-            listed, through_delta = pruned(listed, column, ranges), pruned(through_delta, column, ranges)
-        assert sorted(listed.collect()) == sorted(through_delta.collect()), cuts
+        for column, ranges, nulls in cuts:
+            listed, through_delta = pruned(listed, column, ranges, nulls), pruned(through_delta, column, ranges, nulls)
+        assert sorted(listed.collect(), key=str) == sorted(through_delta.collect(), key=str), cuts
 
 
 def test_a_file_without_statistics_is_kept(spark, tmp_path):
@@ -58,7 +66,7 @@ def test_a_file_without_statistics_is_kept(spark, tmp_path):
     finally:
         spark.conf.unset("spark.databricks.delta.stats.collect")
     delta = spark.read.format("delta").load(path)
-    assert len(files_in_ranges(path, add_actions(path, version), delta.schema, [("id", [(200, 300)])])) == 2
+    assert len(files_in_ranges(path, add_actions(path, version), delta.schema, [("id", [(200, 300)], False)])) == 2
 
 
 def test_a_table_that_is_not_plain_parquet_is_left_to_delta(spark, tmp_path):

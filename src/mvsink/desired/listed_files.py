@@ -1,4 +1,4 @@
-"""A source at a version read from only the files whose statistics can hold a change's join keys, listed without Spark.
+"""A source at a version read from only the files whose statistics can hold a change's keys, listed without Spark.
 
 Delta prepares a filtered scan with Spark jobs over the snapshot's file statistics: 0.15-0.3 s a
 scan on 2 cores, twice on a version not read before, most of a small join step's time. Where a
@@ -6,10 +6,12 @@ table is plain Parquet -- protocol reader version 1 (no deletion vectors, no col
 no partition columns -- its rows at a version are exactly the rows of its add actions' files, read
 with its schema. So the files are listed here from the log by delta-rs, in this process, once per
 version, and those whose min/max statistics of a key column lie outside every range of the change
-are left out. A file without statistics for the column is kept, and so is every file where the
-column is not an integer, date or decimal (strings' statistics are truncated prefixes). The caller
-still filters the rows by the ranges (:func:`~mvsink.desired.join.pruned`): leaving out a file only
-skips rows none of which can join. Any table this cannot read (another protocol, partitions, a log
+are left out (unless nulls are asked for and the file may hold one). A file without statistics for
+the column is kept, and so is every file where the column is not an integer, date or decimal
+(strings' statistics are truncated prefixes). The keys are a join's other side's (the change's
+join keys) or a per-group aggregate's groups (the changed groups' values). The caller still
+filters the rows by the ranges (:func:`~mvsink.desired.join.pruned`): leaving out a file only
+skips rows none of which is asked for. Any table this cannot read (another protocol, partitions, a log
 delta-rs fails on) is read through Delta as before.
 """
 
@@ -55,23 +57,26 @@ def add_actions(path: str, version: int) -> pa.Table | None:
 
 
 def files_in_ranges(path: str, actions: pa.Table, schema: T.StructType,
-                    cuts: list[tuple[str, list[tuple]]]) -> list[str]:
+                    cuts: list[tuple[str, list[tuple], bool]]) -> list[str]:
     """The URIs of the files of ``actions`` (of the table at ``path``, whose columns are
-    ``schema``) that may hold, for each ``(column, ranges)`` of ``cuts``, a value in one of its
-    closed ranges."""
+    ``schema``) that may hold, for each ``(column, ranges, nulls)`` of ``cuts``, a value in one of
+    its closed ranges, or with ``nulls`` a null (a file whose null count is not 0 or not known)."""
     paths = actions.column("path").to_pylist()
     keep = [True] * len(paths)
     names = set(actions.column_names)
-    for column, ranges in cuts:
+    for column, ranges, nulls in cuts:
         data_type = schema[column].dataType
         if not any(isinstance(data_type, kinds) for kinds in _PRUNED_TYPES):
             continue
         if f"min.{column}" not in names or f"max.{column}" not in names:
             continue
         lows, highs = actions.column(f"min.{column}").to_pylist(), actions.column(f"max.{column}").to_pylist()
-        for i, (low, high) in enumerate(zip(lows, highs)):
+        null_counts = (actions.column(f"null_count.{column}").to_pylist() if f"null_count.{column}" in names
+                       else [None] * len(paths))
+        for i, (low, high, null_count) in enumerate(zip(lows, highs, null_counts)):
             if keep[i] and _comparable(low, ranges) and _comparable(high, ranges):
-                keep[i] = any(least <= high and low <= greatest for least, greatest in ranges)
+                keep[i] = (any(least <= high and low <= greatest for least, greatest in ranges)
+                           or (nulls and null_count != 0))
     return [file_uri(path, p) for p, kept in zip(paths, keep) if kept]
 
 

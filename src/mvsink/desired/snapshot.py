@@ -83,7 +83,7 @@ class SourceFeeds:
     nulls: dict[tuple[str, str], bool]
     #: Each change's ``(time, diff)`` pairs that have rows.
     present: dict[str, set[tuple[int, int]]]
-    #: The other sides read from listed files (:meth:`SnapshotDesired._other_side`), by source,
+    #: The sources read from listed files (:meth:`SnapshotDesired._source_read`), by source,
     #: version and ranges (the inserted and deleted rows' terms share one), and what each read.
     listed: dict[tuple, DataFrame] = field(default_factory=dict)
     listed_reads: list[SourceRead] = field(default_factory=list)
@@ -448,20 +448,22 @@ class SnapshotDesired(Desired):
                 if other in self._apart.get(name, ()):  # in no branch with it: its branches' terms only
                     others[other] = self._no_rows[other]
                     continue
-                cuts = [(other_column, feeds.ranges[name, column])
+                cuts = [(other_column, feeds.ranges[name, column], False)
                         for column, other_column in self._join_keys.get(name, {}).get(other, [])]
-                others[other] = self._other_side(other, (after if j < i else before)[other], cuts, feeds)
+                others[other] = self._source_read(other, (after if j < i else before)[other], cuts, feeds)
             terms += [(diff, self._query({**others, name: rows})) for diff, rows in self._feed_rows(feeds.rows[name], time)
                       if (time, diff) in feeds.present[name]]
         return terms
 
-    def _other_side(self, name: str, version: int, cuts: list[tuple[str, list[tuple]]],
-                    feeds: SourceFeeds) -> DataFrame:
-        """Source ``name`` at ``version`` where each ``(column, ranges)`` of ``cuts`` lies in its
-        ranges: read from the files listed by :mod:`~mvsink.desired.listed_files` (with no Spark job
-        preparing the scan) where the table allows it, else through Delta's data skipping."""
+    def _source_read(self, name: str, version: int, cuts: list[tuple[str, list[tuple], bool]],
+                     feeds: SourceFeeds) -> DataFrame:
+        """Source ``name`` at ``version`` where each ``(column, ranges, nulls)`` of ``cuts`` lies in
+        its ranges (or is null, with ``nulls``): read from the files listed by
+        :mod:`~mvsink.desired.listed_files` (with no Spark job preparing the scan) where the table
+        allows it, else through Delta's data skipping. One read per step for each source, version
+        and cuts (a join's inserted and deleted rows' terms share it)."""
         rows = self._pinned(name, version)
-        key = (name, version, tuple((column, tuple(ranges)) for column, ranges in cuts))
+        key = (name, version, tuple((column, tuple(ranges), nulls) for column, ranges, nulls in cuts))
         if key not in feeds.listed:
             if (name, version) not in self._add_actions:
                 self._add_actions[name, version] = add_actions(self.sources[name], version)
@@ -473,8 +475,8 @@ class SnapshotDesired(Desired):
                     feeds.listed_reads.append(SourceRead(spark_uri(self.sources[name]), version, len(uris),
                                                          actions.num_rows))
         rows = feeds.listed[key] if feeds.listed[key] is not None else rows
-        for column, ranges in cuts:
-            rows = pruned(rows, column, ranges)
+        for column, ranges, nulls in cuts:
+            rows = pruned(rows, column, ranges, nulls)
         return rows
 
     def _pinned(self, name: str, version: int) -> DataFrame:
@@ -544,15 +546,13 @@ class SnapshotDesired(Desired):
             for diff, at in ((1, time), (-1, time - 1)):
                 versions, restricted = self.timeline.versions(at), {}
                 for name, columns in keys.items():
-                    rows = self._pinned(name, versions[name])
-                    for column, cut in zip(columns, cuts):
-                        if cut is not None:
-                            rows = pruned(rows, column, *cut)
+                    rows = self._source_read(name, versions[name], [
+                        (column, *cut) for column, cut in zip(columns, cuts) if cut is not None], feeds)
                     restricted[name] = in_groups(rows, groups, columns, feeds.small)
                 parts.append(self._as_updates(self._query({**self._unread_rows, **restricted}), time, diff))
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         changes = held_changes(updates, times[0], self.view.key, reads=True)
-        return replace(changes, reads=self._named(changes.reads))
+        return replace(changes, reads=self._named(changes.reads + tuple(feeds.listed_reads)))
 
     def _group_ranges(self, feeds: SourceFeeds) -> list[tuple[list[tuple], bool] | None]:
         """Per group column (by its place in :attr:`per_group`'s keys): the ranges covering the
