@@ -31,8 +31,9 @@ as at the time before, so the same output rows: the view's change at ``t`` is th
 sources at ``t``'s versions restricted to ``G(t)`` at +1, and over the versions before restricted to
 ``G(t)`` at -1, consolidated. The restriction is applied to each source's rows, below the joins and
 the aggregate (:func:`in_groups`, null-safe), after the read is pruned to a few ranges of ``G``'s
-values (:func:`~mvsink.desired.join.pruned`), so Delta skips the files of other groups
-(:class:`~mvsink.desired.snapshot.SnapshotDesired` reads the changes and the ranges once per step).
+values (:func:`~mvsink.desired.join.pruned`), and only the files that can hold those values are
+read (listed by :mod:`~mvsink.desired.listed_files`, else skipped by Delta's data skipping);
+:class:`~mvsink.desired.snapshot.SnapshotDesired` reads the changes and the ranges once per step.
 
 Invariant: the rows retracted for a group at ``t`` are the rows the group had, recomputed from the
 versions before; they equal the rows added for it earlier, because every aggregate taken gives the
