@@ -38,6 +38,12 @@ _GLOB = "*?[]{}\\"
 _CHAR_VARCHAR = "__CHAR_VARCHAR_TYPE_STRING"
 
 
+def prunes(data_type: T.DataType) -> bool:
+    """Whether :func:`files_in_ranges` prunes files by ranges of a column of ``data_type``
+    (integers, dates, decimals; not strings, which Delta's data skipping prunes by prefix)."""
+    return any(isinstance(data_type, kinds) for kinds in _PRUNED_TYPES)
+
+
 def add_actions(path: str, version: int) -> pa.Table | None:
     """The add actions (flattened: ``path``, ``min.<column>``, ``max.<column>``) of the table at
     ``path`` at ``version``, or None where its files are not plain Parquet (see the module doc)
@@ -65,8 +71,7 @@ def files_in_ranges(path: str, actions: pa.Table, schema: T.StructType,
     keep = [True] * len(paths)
     names = set(actions.column_names)
     for column, ranges, nulls in cuts:
-        data_type = schema[column].dataType
-        if not any(isinstance(data_type, kinds) for kinds in _PRUNED_TYPES):
+        if not prunes(schema[column].dataType):
             continue
         if f"min.{column}" not in names or f"max.{column}" not in names:
             continue

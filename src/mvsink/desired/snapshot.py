@@ -51,7 +51,7 @@ from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_k
                                  reads_each_once)
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
-from mvsink.desired.listed_files import add_actions, files_in_ranges, read_files
+from mvsink.desired.listed_files import add_actions, files_in_ranges, prunes, read_files
 from mvsink.desired.per_group import PerGroup, in_groups, per_group
 from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
@@ -460,14 +460,18 @@ class SnapshotDesired(Desired):
         """Source ``name`` at ``version`` where each ``(column, ranges, nulls)`` of ``cuts`` lies in
         its ranges (or is null, with ``nulls``): read from the files listed by
         :mod:`~mvsink.desired.listed_files` (with no Spark job preparing the scan) where the table
-        allows it, else through Delta's data skipping. One read per step for each source, version
-        and cuts (a join's inserted and deleted rows' terms share it)."""
+        allows it and the listing prunes every column of ``cuts``, else through Delta's data
+        skipping. One read per step for each source, version and cuts (a join's inserted and
+        deleted rows' terms share it)."""
         rows = self._pinned(name, version)
         key = (name, version, tuple((column, tuple(ranges), nulls) for column, ranges, nulls in cuts))
         if key not in feeds.listed:
-            if (name, version) not in self._add_actions:
+            feeds.listed[key] = None
+            # a string column's ranges Delta prunes (by prefix), the listing does not: read through Delta
+            listable = all(prunes(rows.schema[column].dataType) for column, _, _ in cuts)
+            if listable and (name, version) not in self._add_actions:
                 self._add_actions[name, version] = add_actions(self.sources[name], version)
-            actions, feeds.listed[key] = self._add_actions[name, version], None
+            actions = self._add_actions[name, version] if listable else None
             if actions is not None:
                 uris = files_in_ranges(self.sources[name], actions, rows.schema, cuts)
                 feeds.listed[key] = read_files(self._session(), uris, rows.schema)
