@@ -53,7 +53,7 @@ def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path):
         committed = _upper(tgt) > upper_before
         assert committed == (failpoint == "after-commit"), failpoint
         leftovers = _staged(tgt) - _committed(tgt) - orphans
-        assert bool(leftovers) == (failpoint != "after-commit"), f"a staged file is left behind by the kill at {failpoint}"
+        assert bool(leftovers) == (failpoint != "after-commit"), f"a staged file left behind by the kill at {failpoint}"
         orphans |= leftovers
 
     spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 1")

@@ -30,12 +30,11 @@ def _table(spark, path: str, files: int = 4, properties: str = "delta.enableDele
 
 def test_the_files_whose_statistics_can_hold_a_key_are_read_with_the_rows_delta_reads(spark, tmp_path):
     path = str(tmp_path / "t")
-    _table(spark, path)
+    version = _table(spark, path) + 1
     # a 5th file: id 300 and a null id (its null count 1), days and prices past the others'
     spark.createDataFrame([(300, datetime.date(2030, 1, 1), Decimal("75.00"), "n0"),
                            (None, datetime.date(2030, 1, 2), Decimal("75.25"), "n1")], SCHEMA) \
         .coalesce(1).write.format("delta").mode("append").save(path)
-    version = 5
     actions = add_actions(path, version)
     assert actions is not None and actions.num_rows == 5
     delta = spark.read.format("delta").option("versionAsOf", version).load(path)
