@@ -136,6 +136,12 @@ class LinearAggregate:
         """Whether output column ``name`` is a grouping column."""
         return any(o.kind == "group" and o.name == name for o in self.outputs)
 
+    def groups_are_keyed(self, key: tuple[str, ...]) -> bool:
+        """Whether ``key`` holds every grouping column (as an output named in it): then the query
+        has at most one row per key value at any versions, so no key violation can ever start."""
+        return all(any(o.kind == "group" and o.column == g and o.name in key for o in self.outputs)
+                   for g in self.groups)
+
 
 class GroupStates:
     """A linear aggregate's state per group, and how the change feed moves it, for one view (the
@@ -163,10 +169,14 @@ class GroupStates:
         differs = (had != has) | ~reduce(Column.__and__, [b.eqNullSafe(a) for b, a in zip(before, after)])
         retract = touched & differs & had
         add = touched & differs & has
-        # A key of grouping columns only has the same value before and after: its count changes
-        # only where a group's row appears or disappears. Otherwise any row moved may move a key.
+        # A key holding every grouping column has one row at most: no count matters. A key of
+        # grouping columns only has the same value before and after: its count changes only where
+        # a group's row appears or disappears. Otherwise any row moved may move a key.
         groups_only = all(aggregate.is_group_output(k) for k in key)
-        key_moves = (retract != add) if groups_only else (retract | add)
+        if aggregate.groups_are_keyed(key):
+            key_moves = F.lit(False)
+        else:
+            key_moves = (retract != add) if groups_only else (retract | add)
         self._moves = [F.col("*"), retract.alias(_RETRACT), add.alias(_ADD), key_moves.alias(_KEY_MOVES)]
         #: Aggregates over :meth:`next_state`'s rows: how many updates :meth:`updates` makes of
         #: them, whether a key's row count may change (False where none may), how many groups remain.
