@@ -1,7 +1,8 @@
-"""A source's changes from its Delta log (:mod:`mvsink.desired.log_changes`), without a change data
-feed: each commit's added files at +1 and removed files at -1, consolidated, are the difference of
-the source's snapshots before and after it, for every kind of commit; where the files do not hold
-the table's rows (deletion vectors, a schema change) it says so before reading any."""
+"""A source's changes from its Delta log (:mod:`mvsink.desired.log_changes`): each commit's change
+data files (the change data feed on), else its added files at +1 and removed files at -1,
+consolidated, are the difference of the source's snapshots before and after it, for every kind of
+commit; where the files do not hold the table's rows (deletion vectors, a schema change) it says so
+before reading any."""
 
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ import pytest
 from helpers import insert, vacuum_all
 from mvsink.desired.changes import unreadable
 from mvsink.desired.log_changes import LogChangesUnavailable, log_changes
-from mvsink.table import latest_version
+from mvsink.table import latest_version, log_actions
 from mvsink.updates import DIFF, TIME
 
 SCHEMA = "id BIGINT, part STRING, v INT"
 
 
-def _source(spark, path: str, partitioned: bool, deletion_vectors: bool = False) -> None:
+def _source(spark, path: str, partitioned: bool, deletion_vectors: bool = False, feed: bool = False) -> None:
     spark.sql(f"CREATE TABLE delta.`{path}` ({SCHEMA}) USING delta {'PARTITIONED BY (part)' if partitioned else ''} "
-              f"TBLPROPERTIES (delta.enableDeletionVectors = {str(deletion_vectors).lower()})")
+              f"TBLPROPERTIES (delta.enableDeletionVectors = {str(deletion_vectors).lower()}, "
+              f"delta.enableChangeDataFeed = {str(feed).lower()})")
 
 
 def _snapshot(spark, path: str, version: int) -> Counter:
@@ -70,13 +72,20 @@ def _random_commits(spark, path: str, rng: random.Random, commits: int) -> None:
             spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES (mvsink.test = '{rng.randint(0, 9)}')")
 
 
-@pytest.mark.parametrize("partitioned", [False, True], ids=["unpartitioned", "partitioned"])
-def test_each_commits_log_changes_are_the_difference_of_its_snapshots(spark, tmp_path, partitioned):
+@pytest.mark.parametrize("partitioned, feed", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["unpartitioned", "partitioned", "unpartitioned-feed", "partitioned-feed"])
+def test_each_commits_log_changes_are_the_difference_of_its_snapshots(spark, tmp_path, partitioned, feed):
+    """With the change data feed on, the commits that rewrite rows (updates, deletes, MERGE) wrote
+    change data files, and their changes are read from those."""
     path = str(tmp_path / "src")
-    _source(spark, path, partitioned)
+    _source(spark, path, partitioned, feed=feed)
     insert(spark, path, [(i, "ab"[i % 2], 0) for i in range(8)] + [(1, "a", 0), (2, None, 1)])
     _random_commits(spark, path, random.Random(5 + partitioned), commits=10)
     last = latest_version(path)
+    cdc_commits = sum(any("cdc" in action for action in log_actions(path, v)) for v in range(1, last + 1))
+    assert (cdc_commits > 0) == feed, cdc_commits
+    read = log_changes(spark, path, [(v, v, v) for v in range(1, last + 1)]).inputFiles()
+    assert any("/_change_data/" in f for f in read) == feed, read
     changes = _changes_by_version(spark, path, 1, last)
     for version in range(1, last + 1):
         expected = _difference(_snapshot(spark, path, version - 1), _snapshot(spark, path, version))

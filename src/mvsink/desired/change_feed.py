@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from functools import cache, reduce
+from functools import reduce
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mvsink.desired.changes import (Changes, SourceChangesLost, SourceSchemaChanged, feed_is_small, held_changes,
                                     unreadable)
-from mvsink.desired.log_changes import LogChangesUnavailable, has_change_data, log_changes
+from mvsink.desired.log_changes import CHANGE_TYPE, LogChangesUnavailable, change_diff, log_changes
 from mvsink.desired.row_errors import map_rows
 from mvsink.desired.sources import Desired
 from mvsink.table import spark_uri
@@ -34,7 +34,7 @@ from mvsink.view import ChangesInput, ConfigError, ViewDefinition
 
 log = logging.getLogger(__name__)
 
-_CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+_CDF_COLUMNS = (CHANGE_TYPE, "_commit_version", "_commit_timestamp")
 
 
 def change_feed(spark: SparkSession, path: str, spans: list[tuple[int, int, int]], first: int,
@@ -55,29 +55,20 @@ def change_feed(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
             time_of_commit = F.when(F.col("_commit_version").between(first_version, last_version),
                                     F.lit(time)).otherwise(time_of_commit)
     source_cols = [c for c in feed.columns if c not in _CDF_COLUMNS]
-    return feed.select(*source_cols, time_of_commit.cast("long").alias(TIME), _change_diff())
+    return feed.select(*source_cols, time_of_commit.cast("long").alias(TIME), change_diff())
 
 
 def source_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]], first: int,
                    last: int) -> DataFrame:
     """The changes of the Delta table at ``path``, versions ``first`` to ``last``, as updates (see
-    :func:`change_feed`): from the change data feed where some commit wrote change data files,
-    else from the log's added and removed files (:mod:`mvsink.desired.log_changes`: the files the
-    feed would read for such commits, with the feed on or off); from the feed where those files
-    do not hold the table's rows (deletion vectors, a schema change)."""
-    if not has_change_data(path, first, last):
-        try:
-            return log_changes(spark, path, spans)
-        except LogChangesUnavailable as exc:
-            log.info("source %s: versions %d..%d are read from the change data feed: %s", path, first, last, exc)
+    :func:`change_feed`): from the files the log names (:mod:`mvsink.desired.log_changes`: the
+    files the change data feed would read, with the feed on or off, read as plain Parquet); from
+    the feed where those files do not hold the table's rows (deletion vectors, a schema change)."""
+    try:
+        return log_changes(spark, path, spans)
+    except LogChangesUnavailable as exc:
+        log.info("source %s: versions %d..%d are read from the change data feed: %s", path, first, last, exc)
     return change_feed(spark, path, spans, first, last)
-
-
-@cache
-def _change_diff() -> Column:
-    """A change feed row's diff: +1 inserted or post-image, -1 deleted or pre-image (built once)."""
-    return (F.when(F.col("_change_type").isin("insert", "update_postimage"), F.lit(1))
-            .when(F.col("_change_type").isin("delete", "update_preimage"), F.lit(-1)).cast("long").alias(DIFF))
 
 
 class ChangesDesired(Desired):

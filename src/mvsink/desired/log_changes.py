@@ -1,14 +1,18 @@
-"""A source's changes read from its Delta log: its commits' added and removed data files.
+"""A source's changes read from its Delta log: its commits' change data files, else their added and
+removed data files.
 
-Without a change data feed, the change of a commit is still exact in the log: the rows of the data
-files it added at +1 and of the files it removed at -1; consolidated, that is the difference of
-the table's contents after and before the commit (an UPDATE that rewrites a file removes its old
-rows and adds its new ones; the rows it kept cancel). Actions with ``dataChange`` false (OPTIMIZE,
-compaction) move rows between files without changing the contents and are skipped. The work
-follows the touched files, not the table.
+A commit that wrote change data files (``cdc`` actions: the change data feed was on and the
+operation rewrote rows) has its changes in them, each row with its ``_change_type``; the protocol
+has change data readers read such a commit from those files only. Any other commit's change is
+exact in the log too: the rows of the data files it added at +1 and of the files it removed at -1;
+consolidated, that is the difference of the table's contents after and before the commit (an
+UPDATE that rewrites a file removes its old rows and adds its new ones; the rows it kept cancel).
+Actions with ``dataChange`` false (OPTIMIZE, compaction) move rows between files without changing
+the contents and are skipped. The work follows the touched files, not the table, and Spark reads
+them as plain Parquet: no change data feed query for Delta to plan.
 
-This holds for a range of versions only where every file's rows are the table's rows: no file
-carries a deletion vector (its deleted rows are still in the file), the table has no column mapping
+This holds for a range of versions only where every file's rows are the table's rows: no added or
+removed file read carries a deletion vector (its deleted rows are still in the file), the table has no column mapping
 at its newest version nor in the range (its files' column names are not the table's) and the schema
 is the one before the range throughout (checked against the version before only where a commit in
 the range sets metadata), and every action has its partition values (a partition column is not in
@@ -21,9 +25,9 @@ the snapshots instead. A data file that is gone (VACUUM) fails the read with Spa
 from __future__ import annotations
 
 import json
-from functools import lru_cache, reduce
+from functools import cache, lru_cache, reduce
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -31,35 +35,45 @@ from mvsink.table import file_uri, log_actions, spark_uri
 from mvsink.updates import DIFF, TIME
 
 _NO_COLUMN_MAPPING = ("none", None)
+#: The actions a commit's changes are read from, each with its rows' diff (None: each row's own).
+_CHANGE_DATA, _DATA = (("cdc", None),), (("add", 1), ("remove", -1))
+#: The column of a change data file (and of the change data feed) that says what its row is.
+CHANGE_TYPE = "_change_type"
 
 
 class LogChangesUnavailable(Exception):
     """The data files of a range of versions do not hold the table's rows as they are."""
 
 
-def has_change_data(path: str, first: int, last: int) -> bool:
-    """Whether some commit of versions ``first`` to ``last`` wrote change data files (``cdc``)."""
-    return any("cdc" in action for version in range(first, last + 1) for action in _actions(path, version))
+@cache
+def change_diff() -> Column:
+    """A change row's diff from its :data:`CHANGE_TYPE`: +1 inserted or post-image, -1 deleted or
+    pre-image (built once)."""
+    return (F.when(F.col(CHANGE_TYPE).isin("insert", "update_postimage"), F.lit(1))
+            .when(F.col(CHANGE_TYPE).isin("delete", "update_preimage"), F.lit(-1)).cast("long").alias(DIFF))
 
 
 def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]]) -> DataFrame:
     """The changes of the Delta table at ``path`` over ``spans`` (``(time, first version, last
     version)``, consecutive) from its log, as updates: the table's columns, each change's time
-    (its commit's span) and diff (+1 added file's row, -1 removed file's row), not consolidated."""
+    (its commit's span) and diff (a change data file's row by its change type; else +1 added
+    file's row, -1 removed file's row), not consolidated."""
     first, last = spans[0][1], spans[-1][2]
     if _column_mapping(spark, path) not in _NO_COLUMN_MAPPING:
         raise LogChangesUnavailable(f"{path} has column mapping")
     schema = _schema(spark, path, last)
-    files: dict[tuple[int, int, tuple], list[str]] = {}
+    files: dict[tuple[int, int | None, tuple], list[str]] = {}  # diff None: change data files
     partition_columns: set[str] = set()
     metadata_changed = False
     for time, span_first, span_last in spans:
         for version in range(span_first, span_last + 1):
-            for action in _actions(path, version):
+            actions = _actions(path, version)
+            kinds = _CHANGE_DATA if any("cdc" in action for action in actions) else _DATA
+            for action in actions:
                 metadata_changed |= _check_metadata(action, schema, path, version)
-                for kind, diff in (("add", 1), ("remove", -1)):
+                for kind, diff in kinds:
                     change = action.get(kind)
-                    if change is None or not change.get("dataChange", True):
+                    if change is None or diff is not None and not change.get("dataChange", True):
                         continue
                     if change.get("deletionVector"):
                         raise LogChangesUnavailable(f"version {version} of {path} has a deletion vector")
@@ -126,11 +140,17 @@ def _columns(schema: T.StructType) -> list[tuple[str, str]]:
 
 
 def _rows(spark: SparkSession, uris: list[str], data_schema: T.StructType, schema: T.StructType,
-          partition: dict[str, str | None], time: int, diff: int) -> DataFrame:
+          partition: dict[str, str | None], time: int, diff: int | None) -> DataFrame:
     """The rows of the data files ``uris`` (of one partition) with their ``partition`` values (a
-    remove leaves out a null one), at ``time`` with ``diff``."""
-    rows = spark.read.schema(data_schema).parquet(*uris)
+    remove leaves out a null one), at ``time`` with ``diff`` (None: change data files, each row's
+    diff by its change type)."""
+    if diff is None:
+        rows = spark.read.schema(T.StructType([*data_schema.fields, T.StructField(CHANGE_TYPE, T.StringType())])).parquet(*uris)
+        columns, diff_column = [c for c in rows.columns if c != CHANGE_TYPE], change_diff()
+    else:
+        rows = spark.read.schema(data_schema).parquet(*uris)
+        columns, diff_column = rows.columns, F.lit(diff).cast("long").alias(DIFF)
     types = {f.name: f.dataType for f in schema.fields}
     return rows.select(
-        *rows.columns, *[F.lit(value).cast(types[name]).alias(name) for name, value in partition.items()],
-        F.lit(time).cast("long").alias(TIME), F.lit(diff).cast("long").alias(DIFF))
+        *columns, *[F.lit(value).cast(types[name]).alias(name) for name, value in partition.items()],
+        F.lit(time).cast("long").alias(TIME), diff_column)
