@@ -16,9 +16,10 @@ updates at the same times. A view's input is one of:
   from the files :mod:`~mvsink.desired.listed_files` lists where it can), or the difference of
   its full evaluations at consecutive times.
 
-A source's changes come from its change data feed, or, where its commits wrote no change data,
-from the data files they added and removed (:mod:`~mvsink.desired.log_changes`), feed or no
-feed. :mod:`~mvsink.desired.choose` picks the input for a view definition. Every input hands a
+A source's changes come from the files its commits name in the log: their change data files, else
+the data files they added and removed (:mod:`~mvsink.desired.log_changes`), feed or no feed; from
+Delta's change data feed query where those files do not hold the rows (deletion vectors, column
+mapping, a schema change). :mod:`~mvsink.desired.choose` picks the input for a view definition. Every input hands a
 step its updates as :class:`~mvsink.desired.changes.Changes` (consolidated, held in Spark,
 counted, with the strategy that computed them) and adds row-level errors
 (:mod:`~mvsink.desired.row_errors`); the sink checks the updates' keys with

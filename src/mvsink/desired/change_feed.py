@@ -1,8 +1,8 @@
 """A change-feed view: a source's changes, each at the first time covering its commit.
 
 ``snapshot(t)`` is the source at time `t`'s version (diff +1), ``changes(lo, hi)`` its changes
-between the versions of `lo - 1` and `hi` (:func:`source_changes`: its change data feed, or its
-commits' added and removed files where those are the changes), each change at the first time whose
+between the versions of `lo - 1` and `hi` (:func:`source_changes`: the change data files or the
+added and removed files its commits name, else its change data feed), each change at the first time whose
 version covers its commit; rows go through ``map_row`` when given. When neither can be read for the
 range (change data feed off for a version with deletion vectors, its ``_change_data`` files removed,
 a schema change Delta cannot read across), the changes are the differences of the source's snapshots
