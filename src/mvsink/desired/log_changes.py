@@ -145,7 +145,8 @@ def _rows(spark: SparkSession, uris: list[str], data_schema: T.StructType, schem
     remove leaves out a null one), at ``time`` with ``diff`` (None: change data files, each row's
     diff by its change type)."""
     if diff is None:
-        rows = spark.read.schema(T.StructType([*data_schema.fields, T.StructField(CHANGE_TYPE, T.StringType())])).parquet(*uris)
+        with_type = T.StructType([*data_schema.fields, T.StructField(CHANGE_TYPE, T.StringType())])
+        rows = spark.read.schema(with_type).parquet(*uris)
         columns, diff_column = [c for c in rows.columns if c != CHANGE_TYPE], change_diff()
     else:
         rows = spark.read.schema(data_schema).parquet(*uris)
