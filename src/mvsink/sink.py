@@ -79,7 +79,7 @@ from mvsink.updates import RESERVED, TIME, advance_times, consolidate, negate
 from mvsink.view import ConfigError, ViewDefinition
 from mvsink.write import ERRORS_DIR, StagedBatch, batch_updates, stage
 from mvsink.write.plain import stage_plain
-from mvsink.write.rewrite import TableFile
+from mvsink.write.rewrite import TableFile, files_in_range
 
 log = logging.getLogger(__name__)
 
@@ -525,17 +525,32 @@ class MaterializedView:
         Whether any count changed came with the changes (:attr:`Changes.key_counts_change`): in
         the common case, updates in place, it did not, and this runs no Spark job.
         """
-        touched = None
+        touched, files = None, None
         if desired is not None:
             if not desired.key_counts_change:
                 return
             touched = desired.touched, desired.size  # at most as many keys as updates
-        fix = self._key_errors.corrections(self.readback.contents(), self.correction.updates, touched, since)
+            files = self._files_holding(desired.touched_bounds)
+        fix = self._key_errors.corrections(self.readback.contents(files), self.correction.updates, touched, since)
         # Materialized apart (small: errors only), so that a view without violations, the common
         # case, does not fold and re-checkpoint the whole buffer for nothing.
         fix, size = checkpointed(fix)
         if size:
             self.correction.apply([fix], since)
+
+    def _files_holding(self, bounds: tuple | None) -> set[str] | None:
+        """The files the read-back saw that can hold rows whose first key column lies in
+        ``bounds`` (``(low, high, has_null)``, None: any), by their statistics, and every error
+        file (a key's error rows are there); None where nothing is left out."""
+        if bounds is None or self.layout != TABLE:
+            return None
+        data = self._table_files()
+        kept = files_in_range(data, *bounds)
+        if len(kept) == len(data):
+            return None
+        log.debug("view %s: the key check reads %d of the table's %d data files", self.view.view_id,
+                  len(kept), len(data))
+        return {f.path for f in kept} | {p for p in self.readback.files if p.startswith(ERRORS_DIR + "/")}
 
     def _forget(self) -> None:
         """Drop all state; the next reconcile hydrates from scratch."""

@@ -112,12 +112,14 @@ class ReadBack:
         self.version, self.files = version, files
         return Persisted(version, upper, updates, foreign, accounted)
 
-    def contents(self) -> DataFrame:
-        """The table's rows at the version last seen, as updates: the rows of its files, read by
-        Spark from the file list this read-back keeps (no Delta snapshot to build)."""
-        if not self.files:
+    def contents(self, files: set[str] | None = None) -> DataFrame:
+        """The table's rows at the version last seen, as updates: the rows of its files (of
+        ``files`` only, a subset of them, if given), read by Spark from the file list this
+        read-back keeps (no Delta snapshot to build)."""
+        files = self.files if files is None else files
+        if not files:
             return self.spark.createDataFrame([], self.schema)
-        return self._read(self.files)
+        return self._read(files)
 
     def adopt(self, commit_ids: frozenset[str], added: list[str], removed: tuple[str, ...] = (),
               error_files: list[str] | None = None) -> bool:

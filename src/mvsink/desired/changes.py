@@ -51,6 +51,9 @@ class Changes:
     #: over the held rows): every key whose count changes is there. Set wherever
     #: :attr:`key_counts_change` is true.
     touched: DataFrame | None = None
+    #: The bounds of :attr:`touched`'s first key column: ``(low, high, has_null)``, where known
+    #: (the key check reads only the table's files that can hold them); None: not known.
+    touched_bounds: tuple | None = None
     #: How they were computed: ``change feed`` or ``snapshot difference`` (a change-feed view),
     #: ``row-wise``, ``linear aggregate``, ``per-group recompute``, ``per-key recompute``, ``inner
     #: join``, ``union all`` or ``full evaluation`` (a query view).
@@ -120,13 +123,24 @@ def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bo
     spread = updates.coalesce(1) if one_task else updates.repartition(*key)
     consolidated = consolidate(spread).withColumn(NET, key_count_change(key))
     executed = []
-    kept, (size, changed) = held_observing(
+    moves, first = F.col(NET) != 0, F.col(key[0])
+    kept, (size, changed, *bounds) = held_observing(
         consolidated, _OBSERVED, F.count(F.lit(1)).alias("size"),
-        F.coalesce(F.max(F.col(NET) != 0), F.lit(False)).alias("changed"), keep=[*updates.columns, NET],
-        executed=executed)
-    touched = kept.where(F.col(NET) != 0).select(*key)
-    return Changes(kept.select(*updates.columns), size, lo, changed, touched,
+        F.coalesce(F.max(moves), F.lit(False)).alias("changed"), F.min(F.when(moves, first)).alias("low"),
+        F.max(F.when(moves, first)).alias("high"),
+        F.coalesce(F.max(moves & first.isNull()), F.lit(False)).alias("nulls"),
+        keep=[*updates.columns, NET], executed=executed)
+    touched = kept.where(moves).select(*key)
+    return Changes(kept.select(*updates.columns), size, lo, changed, touched, touched_bounds=key_bounds(*bounds),
                    reads=delta_reads(executed[0]) if reads else ())
+
+
+def key_bounds(low, high, nulls) -> tuple | None:
+    """``(low, high, has_null)`` as observed by a Spark job, where its values are Python's (integers
+    and strings; a value of another type comes back as a JVM object, which nothing prunes by):
+    else None."""
+    plain = all(v is None or isinstance(v, (int, str)) and not isinstance(v, bool) for v in (low, high))
+    return (low, high, bool(nulls)) if plain else None
 
 
 #: The change data feed files one task reads and consolidates (see :func:`feed_is_small`).

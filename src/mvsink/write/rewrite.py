@@ -97,7 +97,7 @@ def rewrite_retractions(spark: SparkSession, retractions: DataFrame, table_files
         row = counts.agg(F.sum("n"), F.sum("k"), F.min(prune_column), F.max(prune_column),
                          F.max(F.col(prune_column).isNull().cast("int"))).first()
         updates, copies = row[0], row[1]
-        candidates = _prune_by_range(table_files, row[2], row[3], bool(row[4]))
+        candidates = files_in_range(table_files, row[2], row[3], bool(row[4]))
     else:
         updates, copies = sum(r.n for r in gathered), sum(r.k for r in gathered)
         candidates = _prune_by_values(table_files, [r[0] for r in gathered])
@@ -140,7 +140,9 @@ def _prune_by_values(files: list[TableFile], values: list) -> list[TableFile]:
     return kept
 
 
-def _prune_by_range(files: list[TableFile], low, high, has_null: bool) -> list[TableFile]:
+def files_in_range(files: list[TableFile], low, high, has_null: bool) -> list[TableFile]:
+    """The files whose statistics allow a value in ``[low, high]`` (either None: any value), or a
+    null where ``has_null``; a file with no statistics, or ones that do not compare, is kept."""
     kept = []
     for f in files:
         try:
