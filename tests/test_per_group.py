@@ -238,15 +238,19 @@ def test_refresh_incremental_accepts_it_and_explain_says_so(spark, tmp_path, cap
     assert "(grp, sub)" in out, out
 
 
-def test_the_key_check_reads_only_the_files_that_can_hold_the_touched_keys(spark, tmp_path, monkeypatch):
-    """Keyed by an aggregate (two groups with one maximum are a duplicate key): each step that
-    starts or ends a group checks the keys whose row count changed, reading only the view's files
-    whose statistics of the key can hold them (the buffer's rows are read whole). Duplicates
+@pytest.mark.parametrize("sql, strategy", [
+    ("SELECT sub, max(qty) AS top, count(*) AS n FROM src GROUP BY sub", STRATEGY),
+    ("SELECT sub, sum(qty) AS top, count(*) AS n FROM src GROUP BY sub", "linear aggregate"),
+], ids=["per-group", "linear-aggregate"])
+def test_the_key_check_reads_only_the_files_that_can_hold_the_touched_keys(spark, tmp_path, monkeypatch, strategies,
+                                                                            sql, strategy):
+    """Keyed by an aggregate (two groups with one maximum, or sum, are a duplicate key): each step
+    that starts or ends a group checks the keys whose row count changed, reading only the view's
+    files whose statistics of the key can hold them (the buffer's rows are read whole). Duplicates
     started and ended against rows of an old file and of the hydration's are found; the view's
     rows and key errors equal the query's at every time."""
     from mvsink.correction.readback import ReadBack
 
-    sql = "SELECT sub, max(qty) AS top, count(*) AS n FROM src GROUP BY sub"
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(i, "a", i, i * 10, Decimal(1)) for i in range(40)], SCHEMA)
     view = MaterializedView(spark, ViewDefinition("v", tgt, SnapshotInput(sql=sql, refresh="incremental"),
@@ -268,4 +272,5 @@ def test_the_key_check_reads_only_the_files_that_can_hold_the_touched_keys(spark
         spark.sql(f"DELETE FROM delta.`{src}` WHERE sub = {sub}")
         view.run_until_caught_up()
     assert len(reads) >= 5 and all(read < total for read, total in reads), reads
+    assert set(strategies) == {strategy}, strategies
     query_results_at_every_time(spark, src, sql, {"v": tgt}, tgt + "_timeline", view.observed_upper, ("top",))

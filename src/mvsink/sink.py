@@ -79,7 +79,7 @@ from mvsink.updates import RESERVED, TIME, advance_times, consolidate, negate
 from mvsink.view import ConfigError, ViewDefinition
 from mvsink.write import ERRORS_DIR, StagedBatch, batch_updates, stage
 from mvsink.write.plain import stage_plain
-from mvsink.write.rewrite import TableFile, files_in_range
+from mvsink.write.rewrite import TableFile, files_in_ranges
 
 log = logging.getLogger(__name__)
 
@@ -530,7 +530,7 @@ class MaterializedView:
             if not desired.key_counts_change:
                 return
             touched = desired.touched, desired.size  # at most as many keys as updates
-            files = self._files_holding(desired.touched_bounds)
+            files = self._files_holding(desired.touched_ranges)
         fix = self._key_errors.corrections(self.readback.contents(files), self.correction.updates, touched, since)
         # Materialized apart (small: errors only), so that a view without violations, the common
         # case, does not fold and re-checkpoint the whole buffer for nothing.
@@ -538,14 +538,14 @@ class MaterializedView:
         if size:
             self.correction.apply([fix], since)
 
-    def _files_holding(self, bounds: tuple | None) -> set[str] | None:
-        """The files the read-back saw that can hold rows whose first key column lies in
-        ``bounds`` (``(low, high, has_null)``, None: any), by their statistics, and every error
-        file (a key's error rows are there); None where nothing is left out."""
-        if bounds is None or self.layout != TABLE:
+    def _files_holding(self, cut: tuple[list[tuple], bool] | None) -> set[str] | None:
+        """The files the read-back saw that can hold rows whose first key column lies in ``cut``
+        (its ranges and whether a null is asked for; None: any value), by their statistics, and
+        every error file (a key's error rows are there); None where nothing is left out."""
+        if cut is None or self.layout != TABLE:
             return None
         data = self._table_files()
-        kept = files_in_range(data, *bounds)
+        kept = files_in_ranges(data, *cut)
         if len(kept) == len(data):
             return None
         log.debug("view %s: the key check reads %d of the table's %d data files", self.view.view_id,

@@ -6,9 +6,9 @@ added and removed files its commits name, else its change data feed), each chang
 time whose version covers its commit; rows go through ``map_row`` when given. When neither can
 be read for the range (change data feed off for a version with deletion vectors, its
 ``_change_data`` files removed, a schema change Delta cannot read across), the changes are the
-differences of the source's snapshots at each time's version instead: exact, never skipped. A snapshot that cannot be read either (files
-VACUUMed), or a column whose type changed under a view without ``map_row``, stops the view with a
-:class:`~mvsink.desired.changes.SourceChangesLost` or
+differences of the source's snapshots at each time's version instead: exact, never skipped. A
+snapshot that cannot be read either (files VACUUMed), or a column whose type changed under a view
+without ``map_row``, stops the view with a :class:`~mvsink.desired.changes.SourceChangesLost` or
 :class:`~mvsink.desired.changes.SourceSchemaChanged` naming the versions.
 """
 

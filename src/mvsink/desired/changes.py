@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import reduce
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed, held_observing
+from mvsink.desired.join import is_ranged, ranges_of
 from mvsink.desired.key_check import key_count_change
 from mvsink.desired.row_wise import TABLE_SCAN, scala_items
 from mvsink.table import change_data_bytes
@@ -51,9 +54,10 @@ class Changes:
     #: over the held rows): every key whose count changes is there. Set wherever
     #: :attr:`key_counts_change` is true.
     touched: DataFrame | None = None
-    #: The bounds of :attr:`touched`'s first key column: ``(low, high, has_null)``, where known
-    #: (the key check reads only the table's files that can hold them); None: not known.
-    touched_bounds: tuple | None = None
+    #: Ranges covering the values of :attr:`touched`'s first key column, and whether one is null
+    #: (:func:`touched_ranges`), where known: the key check reads only the table's files that can
+    #: hold them. None: not known.
+    touched_ranges: tuple[list[tuple], bool] | None = None
     #: How they were computed: ``change feed`` or ``snapshot difference`` (a change-feed view),
     #: ``row-wise``, ``linear aggregate``, ``per-group recompute``, ``per-key recompute``, ``inner
     #: join``, ``union all`` or ``full evaluation`` (a query view).
@@ -105,7 +109,7 @@ def delta_reads(executed: DataFrame) -> tuple[SourceRead, ...]:
 
 
 def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bool = False,
-                 reads: bool = False) -> Changes:
+                 reads: bool = False, few: bool | None = None) -> Changes:
     """``updates`` (times from ``lo`` on) consolidated and held, in one Spark job that also
     counts them and, for a keyed view, tells whether any key's row count changes: the updates
     are shuffled by the key once, so the consolidation and the per-(key, time) sums need no
@@ -115,7 +119,11 @@ def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bo
     ``one_task``: the updates are few (see :func:`feed_is_small`); they are gathered into one
     partition instead, which needs no shuffle at all (one stage, one task).
 
-    ``reads``: the Delta scans of the job are reported (:attr:`Changes.reads`)."""
+    ``reads``: the Delta scans of the job are reported (:attr:`Changes.reads`).
+
+    ``few`` (default ``one_task``): the updates come from a small change, so the distinct values of
+    the touched keys' first column are observed (:attr:`Changes.touched_ranges`), not only their
+    least and greatest."""
     if not key:
         consolidated = consolidate(updates.coalesce(1) if one_task else updates)
         kept, size = checkpointed(consolidated)  # runs consolidated's own query execution
@@ -124,23 +132,41 @@ def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bo
     consolidated = consolidate(spread).withColumn(NET, key_count_change(key))
     executed = []
     moves, first = F.col(NET) != 0, F.col(key[0])
-    kept, (size, changed, *bounds) = held_observing(
+    kept, (size, changed, values, nulls) = held_observing(
         consolidated, _OBSERVED, F.count(F.lit(1)).alias("size"),
-        F.coalesce(F.max(moves), F.lit(False)).alias("changed"), F.min(F.when(moves, first)).alias("low"),
-        F.max(F.when(moves, first)).alias("high"),
-        F.coalesce(F.max(moves & first.isNull()), F.lit(False)).alias("nulls"),
-        keep=[*updates.columns, NET], executed=executed)
+        F.coalesce(F.max(moves), F.lit(False)).alias("changed"),
+        *touched_values([(moves, first)], one_task if few is None else few), keep=[*updates.columns, NET],
+        executed=executed)
     touched = kept.where(moves).select(*key)
-    return Changes(kept.select(*updates.columns), size, lo, changed, touched, touched_bounds=key_bounds(*bounds),
+    return Changes(kept.select(*updates.columns), size, lo, changed, touched,
+                   touched_ranges=touched_ranges(values, nulls, updates.schema[key[0]].dataType),
                    reads=delta_reads(executed[0]) if reads else ())
 
 
-def key_bounds(low, high, nulls) -> tuple | None:
-    """``(low, high, has_null)`` as observed by a Spark job, where its values are Python's (integers
-    and strings; a value of another type comes back as a JVM object, which nothing prunes by):
-    else None."""
-    plain = all(v is None or isinstance(v, (int, str)) and not isinstance(v, bool) for v in (low, high))
-    return (low, high, bool(nulls)) if plain else None
+def touched_values(touches: list[tuple[Column, Column]], small: bool) -> list[Column]:
+    """Aggregates over the rows of ``touches`` (pairs: whether a row touches a key, and the key's
+    first column): the values it takes where a row touches one, distinct (``small``) or their
+    least and greatest, as a sorted JSON array, and whether a null is among them; read by
+    :func:`touched_ranges`."""
+    found = [F.when(touching, column) for touching, column in touches]
+    if small:
+        sets = [F.collect_set(v) for v in found]
+        values = sets[0] if len(sets) == 1 else F.array_union(*sets)
+    else:
+        bounds = [F.least(*[F.min(v) for v in found]), F.greatest(*[F.max(v) for v in found])]
+        values = F.filter(F.array(*bounds), lambda v: v.isNotNull())
+    nulls = reduce(Column.__or__, [touching & column.isNull() for touching, column in touches])
+    return [F.to_json(F.sort_array(values)), F.coalesce(F.max(nulls), F.lit(False))]
+
+
+def touched_ranges(values: str, nulls: bool, data_type: T.DataType) -> tuple[list[tuple], bool] | None:
+    """The ranges covering the observed ``values`` (of :func:`touched_values`) of a column of
+    ``data_type``, and ``nulls``; None where the type is not pruned by ranges (strings too: a
+    file's statistics of them may be truncated)."""
+    name = data_type.simpleString()
+    if not is_ranged(name) or name == "string":
+        return None
+    return ranges_of(values, data_type), bool(nulls)
 
 
 #: The change data feed files one task reads and consolidates (see :func:`feed_is_small`).

@@ -221,11 +221,7 @@ def key_ranges(change: DataFrame, columns: list[str], sets: list | None = None) 
     observed by the job that holds it) where given; otherwise collected by one bounded job per
     column (and one more for a column with more values)."""
     if sets is not None:
-        ranges = {}
-        for column, text in zip(columns, sets):
-            values = _values(text, change.schema[column].dataType)
-            ranges[column] = _cut(values) if len(values) <= MOST_KEYS else [(values[0], values[-1])]
-        return ranges
+        return {column: ranges_of(text, change.schema[column].dataType) for column, text in zip(columns, sets)}
     ranges = {}
     for column in columns:
         keys = change.select(column).where(F.col(column).isNotNull()).distinct().limit(MOST_KEYS + 1)
@@ -233,6 +229,13 @@ def key_ranges(change: DataFrame, columns: list[str], sets: list | None = None) 
         ranges[column] = (_cut(values) if len(values) <= MOST_KEYS
                           else [tuple(change.agg(F.min(column), F.max(column)).first())])
     return ranges
+
+
+def ranges_of(text: str, data_type: T.DataType) -> list[tuple]:
+    """Ranges covering the values of a column of ``data_type`` in ``text`` (a JSON array of them,
+    sorted and distinct, as :func:`key_sets` observes them), as :func:`key_ranges` cuts them."""
+    values = _values(text, data_type)
+    return _cut(values) if len(values) <= MOST_KEYS else [(values[0], values[-1])]
 
 
 def _values(text: str, data_type: T.DataType) -> list:

@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.classic.column import Column as ClassicColumn
 
+from mvsink.desired.changes import touched_values
 from mvsink.desired.join import plan_is_inner_join
 from mvsink.desired.row_wise import plan_is_row_wise, plan_reads_subqueries
 from mvsink.updates import DIFF
@@ -178,12 +179,19 @@ class GroupStates:
         else:
             key_moves = (retract != add) if groups_only else (retract | add)
         self._moves = [F.col("*"), retract.alias(_RETRACT), add.alias(_ADD), key_moves.alias(_KEY_MOVES)]
-        #: Aggregates over :meth:`next_state`'s rows: how many updates :meth:`updates` makes of
-        #: them, whether a key's row count may change (False where none may), how many groups remain.
-        self.movement = [
+        #: Aggregates over :meth:`next_state`'s rows, by whether they are few (see
+        #: :meth:`movement`).
+        movement = [
             F.coalesce(F.sum(F.col(_RETRACT).cast("long") + F.col(_ADD).cast("long")), F.lit(0)).alias("size"),
             F.coalesce(F.max(_KEY_MOVES), F.lit(False)).alias("key_moves"),
             F.coalesce(F.sum((F.col(_N) > 0).cast("long")), F.lit(0)).alias("groups")]
+        if key:  # the first key column of the rows that may move a key's count: retracted, added
+            first = schema.names.index(key[0])
+            touches = [(F.col(_KEY_MOVES) & F.col(_RETRACT), before[first]),
+                       (F.col(_KEY_MOVES) & F.col(_ADD), after[first])]
+            self._movement = {small: movement + touched_values(touches, small) for small in (True, False)}
+        else:
+            self._movement = {small: movement for small in (True, False)}
         self._has_rows, self._moved = F.col(_N) > 0, F.col(_RETRACT) | F.col(_ADD)
 
         def row(values: list[Column], diff: int, when: str) -> Column:
@@ -192,6 +200,14 @@ class GroupStates:
         rows = F.array(row(before, -1, _RETRACT), row(after, 1, _ADD))
         self._updates = F.inline(F.filter(rows, lambda r: r.isNotNull()))
         self._output = [v.alias(f.name) for v, f in zip(after, schema.fields)]
+
+    def movement(self, small: bool) -> list[Column]:
+        """Aggregates over :meth:`next_state`'s rows: how many updates :meth:`updates` makes of
+        them, whether a key's row count may change (False where none may), how many groups
+        remain; for a keyed view, the values of the first key column of :meth:`key_moving_updates`
+        and whether one is null (:func:`~mvsink.desired.changes.touched_values`: distinct where the
+        rows are ``small``, else their least and greatest)."""
+        return self._movement[small]
 
     def rows_as_state(self, rows: DataFrame, diff: int) -> DataFrame:
         """``rows`` (the aggregate's input rows), each at ``diff``, as a state of one row each

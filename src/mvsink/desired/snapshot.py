@@ -46,7 +46,7 @@ from pyspark.sql import types as T
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small,
-                                    held_changes, unreadable)
+                                    held_changes, touched_ranges, unreadable)
 from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
                                  reads_each_once)
 from mvsink.desired.key_check import unique_keys
@@ -371,7 +371,7 @@ class SnapshotDesired(Desired):
         parts = [self._as_updates(result, time, diff)
                  for time in times for diff, result in self._change_terms(time, feeds)]
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
-        changes = held_changes(updates, times[0], self.view.key, reads=True)
+        changes = held_changes(updates, times[0], self.view.key, reads=True, few=feeds.small)
         return replace(changes, reads=self._named(changes.reads + tuple(feeds.listed_reads)))
 
     def _no_updates(self) -> DataFrame:
@@ -508,7 +508,7 @@ class SnapshotDesired(Desired):
         # held: read once for all the times, and a query over held rows keeps its Aggregate (over
         # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
         feeds = self._source_feeds(times)
-        parts, key_moving, size, key_moves, executed = [], [], 0, False, []
+        parts, key_moving, size, key_moves, executed, cuts = [], [], 0, False, [], []
         for time in times:
             terms = self._change_terms(time, feeds)
             if not terms:  # no change at this time joins anything: the groups stay
@@ -517,20 +517,25 @@ class SnapshotDesired(Desired):
             changed = reduce(DataFrame.unionByName, [
                 groups.rows_as_state(aggregate.aggregate_input(result), diff) for diff, result in terms])
             one_task = feeds.small and self._state_groups <= ONE_TASK_GROUPS
-            combined, (moved, moves, kept) = held_observing(
-                groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement, executed=executed)
+            combined, (moved, moves, kept, *touched) = held_observing(
+                groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement(feeds.small),
+                executed=executed)
             size, key_moves = size + moved, key_moves or moves
+            if touched:
+                cuts.append(touched_ranges(*touched, self.schema[self.view.key[0]].dataType))
             parts.append(self._as_updates(groups.updates(combined), time))
             key_moving.append(groups.key_moving_updates(combined))
             self._state, self._state_time, self._state_groups = groups.kept_state(combined), time, kept
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         reads = self._named((*(read for frame in executed for read in delta_reads(frame)), *feeds.listed_reads))
         if not aggregate.rows_are_distinct:
-            return replace(held_changes(updates, times[0], self.view.key), reads=reads)
+            return replace(held_changes(updates, times[0], self.view.key, few=feeds.small), reads=reads)
         if not self.view.key:
             return Changes(updates, size, times[0], reads=reads)
         touched = reduce(DataFrame.unionByName, key_moving).select(*self.view.key) if key_moving else None
-        return Changes(updates, size, times[0], key_moves, touched, reads=reads)
+        ranges = (None if None in cuts else
+                  ([r for ranges, _ in cuts for r in ranges], any(nulls for _, nulls in cuts)))
+        return Changes(updates, size, times[0], key_moves, touched, touched_ranges=ranges, reads=reads)
 
     def _per_group_changes(self, times: list[int]) -> Changes:
         """Per time, the query over the sources at its versions (+1) and at the versions before
@@ -555,7 +560,7 @@ class SnapshotDesired(Desired):
                     restricted[name] = in_groups(rows, groups, columns, feeds.small)
                 parts.append(self._as_updates(self._query({**self._unread_rows, **restricted}), time, diff))
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
-        changes = held_changes(updates, times[0], self.view.key, reads=True)
+        changes = held_changes(updates, times[0], self.view.key, reads=True, few=feeds.small)
         return replace(changes, reads=self._named(changes.reads + tuple(feeds.listed_reads)))
 
     def _group_ranges(self, feeds: SourceFeeds) -> list[tuple[list[tuple], bool] | None]:

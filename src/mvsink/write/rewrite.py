@@ -97,7 +97,7 @@ def rewrite_retractions(spark: SparkSession, retractions: DataFrame, table_files
         row = counts.agg(F.sum("n"), F.sum("k"), F.min(prune_column), F.max(prune_column),
                          F.max(F.col(prune_column).isNull().cast("int"))).first()
         updates, copies = row[0], row[1]
-        candidates = files_in_range(table_files, row[2], row[3], bool(row[4]))
+        candidates = files_in_ranges(table_files, [(row[2], row[3])], bool(row[4]))
     else:
         updates, copies = sum(r.n for r in gathered), sum(r.k for r in gathered)
         candidates = _prune_by_values(table_files, [r[0] for r in gathered])
@@ -140,13 +140,15 @@ def _prune_by_values(files: list[TableFile], values: list) -> list[TableFile]:
     return kept
 
 
-def files_in_range(files: list[TableFile], low, high, has_null: bool) -> list[TableFile]:
-    """The files whose statistics allow a value in ``[low, high]`` (either None: any value), or a
-    null where ``has_null``; a file with no statistics, or ones that do not compare, is kept."""
+def files_in_ranges(files: list[TableFile], ranges: list[tuple], has_null: bool) -> list[TableFile]:
+    """The files whose statistics allow a value in one of the closed ``ranges`` (a bound None:
+    any value), or a null where ``has_null``; a file with no statistics, or ones that do not
+    compare, is kept."""
     kept = []
     for f in files:
         try:
-            overlaps = f.low is None or f.high is None or low is None or not (f.high < low or f.low > high)
+            overlaps = f.low is None or f.high is None or any(
+                low is None or high is None or not (f.high < low or f.low > high) for low, high in ranges)
         except TypeError:
             overlaps = True
         if overlaps or (has_null and (f.nulls is None or f.nulls > 0)):
