@@ -80,6 +80,11 @@ def test_held_changes_are_the_updates_consolidated_with_their_count_and_key_chan
     assert changes.size == len(want)
     assert changes.key_counts_change is counts_change
     assert changes.lo == 3
+    if counts_change:  # the ranges the key check prunes the view's files by cover every touched key
+        ranges, nulls = changes.touched_ranges
+        for row in changes.touched.collect():
+            value = row[key[0]]
+            assert nulls if value is None else any(low <= value <= high for low, high in ranges), (value, ranges)
 
 
 @pytest.mark.parametrize("one_task", [False, True], ids=["shuffled", "one task"])

@@ -132,14 +132,14 @@ def held_changes(updates: DataFrame, lo: int, key: tuple[str, ...], one_task: bo
     consolidated = consolidate(spread).withColumn(NET, key_count_change(key))
     executed = []
     moves, first = F.col(NET) != 0, F.col(key[0])
+    few = one_task if few is None else few
     kept, (size, changed, values, nulls) = held_observing(
         consolidated, _OBSERVED, F.count(F.lit(1)).alias("size"),
         F.coalesce(F.max(moves), F.lit(False)).alias("changed"),
-        *touched_values([(moves, first)], one_task if few is None else few), keep=[*updates.columns, NET],
-        executed=executed)
+        *touched_values([(moves, first)], few), keep=[*updates.columns, NET], executed=executed)
     touched = kept.where(moves).select(*key)
     return Changes(kept.select(*updates.columns), size, lo, changed, touched,
-                   touched_ranges=touched_ranges(values, nulls, updates.schema[key[0]].dataType),
+                   touched_ranges=touched_ranges(values, nulls, updates.schema[key[0]].dataType, few),
                    reads=delta_reads(executed[0]) if reads else ())
 
 
@@ -153,20 +153,21 @@ def touched_values(touches: list[tuple[Column, Column]], small: bool) -> list[Co
         sets = [F.collect_set(v) for v in found]
         values = sets[0] if len(sets) == 1 else F.array_union(*sets)
     else:
-        bounds = [F.least(*[F.min(v) for v in found]), F.greatest(*[F.max(v) for v in found])]
+        lows, highs = [F.min(v) for v in found], [F.max(v) for v in found]
+        bounds = [F.least(*lows), F.greatest(*highs)] if len(found) > 1 else [*lows, *highs]
         values = F.filter(F.array(*bounds), lambda v: v.isNotNull())
     nulls = reduce(Column.__or__, [touching & column.isNull() for touching, column in touches])
     return [F.to_json(F.sort_array(values)), F.coalesce(F.max(nulls), F.lit(False))]
 
 
-def touched_ranges(values: str, nulls: bool, data_type: T.DataType) -> tuple[list[tuple], bool] | None:
-    """The ranges covering the observed ``values`` (of :func:`touched_values`) of a column of
-    ``data_type``, and ``nulls``; None where the type is not pruned by ranges (strings too: a
-    file's statistics of them may be truncated)."""
+def touched_ranges(values: str, nulls: bool, data_type: T.DataType, small: bool) -> tuple[list[tuple], bool] | None:
+    """The ranges covering the observed ``values`` (of :func:`touched_values`, ``small`` as
+    there) of a column of ``data_type``, and ``nulls``; None where the type is not pruned by
+    ranges (strings too: a file's statistics of them may be truncated)."""
     name = data_type.simpleString()
     if not is_ranged(name) or name == "string":
         return None
-    return ranges_of(values, data_type), bool(nulls)
+    return ranges_of(values, data_type, cut=small), bool(nulls)
 
 
 #: The change data feed files one task reads and consolidates (see :func:`feed_is_small`).

@@ -231,11 +231,14 @@ def key_ranges(change: DataFrame, columns: list[str], sets: list | None = None) 
     return ranges
 
 
-def ranges_of(text: str, data_type: T.DataType) -> list[tuple]:
+def ranges_of(text: str, data_type: T.DataType, cut: bool = True) -> list[tuple]:
     """Ranges covering the values of a column of ``data_type`` in ``text`` (a JSON array of them,
-    sorted and distinct, as :func:`key_sets` observes them), as :func:`key_ranges` cuts them."""
+    sorted and distinct, as :func:`key_sets` observes them), as :func:`key_ranges` cuts them; one
+    range from the first to the last unless ``cut``."""
     values = _values(text, data_type)
-    return _cut(values) if len(values) <= MOST_KEYS else [(values[0], values[-1])]
+    if not values:
+        return []
+    return _cut(values) if cut and len(values) <= MOST_KEYS else [(values[0], values[-1])]
 
 
 def _values(text: str, data_type: T.DataType) -> list:

@@ -522,7 +522,7 @@ class SnapshotDesired(Desired):
                 executed=executed)
             size, key_moves = size + moved, key_moves or moves
             if touched:
-                cuts.append(touched_ranges(*touched, self.schema[self.view.key[0]].dataType))
+                cuts.append(touched_ranges(*touched, self.schema[self.view.key[0]].dataType, feeds.small))
             parts.append(self._as_updates(groups.updates(combined), time))
             key_moving.append(groups.key_moving_updates(combined))
             self._state, self._state_time, self._state_groups = groups.kept_state(combined), time, kept
