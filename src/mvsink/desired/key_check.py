@@ -7,8 +7,10 @@ for the keys whose rows changed in a step, and only at the times where they chan
 
 Desired contents are not kept separately: `desired = persisted + corrections` (that is what the
 correction buffer is), so the state of the touched keys is read from the table's files at the
-version the buffer was last reconciled with (the read-back's file list) plus the buffer itself. The result is the correction that makes
-the buffer's error updates for those keys equal the recomputed error collection.
+version the buffer was last reconciled with (the read-back's file list; only those whose
+statistics of the key's first column can hold a touched key, where the step knows their ranges:
+:attr:`~mvsink.desired.changes.Changes.touched_ranges`) plus the buffer itself. The result is the
+correction that makes the buffer's error updates for those keys equal the recomputed error collection.
 
 A hydration into an empty table asks only whether every key has one row (:func:`unique_keys`).
 Where the snapshot's partitions hold disjoint key ranges (a table written in key order, the usual
