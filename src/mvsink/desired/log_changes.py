@@ -12,9 +12,9 @@ the contents and are skipped. The work follows the touched files, not the table,
 them as plain Parquet: no change data feed query for Delta to plan.
 
 This holds for a range of versions only where every file's rows are the table's rows: no added or
-removed file read carries a deletion vector (its deleted rows are still in the file), the table has no column mapping
-at its newest version nor in the range (its files' column names are not the table's) and the schema
-is the one before the range throughout (checked against the version before only where a commit in
+removed file read carries a deletion vector (its deleted rows are still in the file), the table
+has no column mapping at its newest version nor in the range (its files' column names are not the
+table's) and the schema is the one before the range throughout (checked against the version before only where a commit in
 the range sets metadata), and every action has its partition values (a partition column is not in
 the files; a remove leaves out a null one). Otherwise :func:`log_changes` raises
 :class:`LogChangesUnavailable` before reading any file, and the caller reads the change data feed or
