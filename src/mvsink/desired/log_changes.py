@@ -14,11 +14,11 @@ them as plain Parquet: no change data feed query for Delta to plan.
 This holds for a range of versions only where every file's rows are the table's rows: no added or
 removed file read carries a deletion vector (its deleted rows are still in the file), the table
 has no column mapping at its newest version nor in the range (its files' column names are not the
-table's) and the schema is the one before the range throughout (checked against the version before only where a commit in
-the range sets metadata), and every action has its partition values (a partition column is not in
-the files; a remove leaves out a null one). Otherwise :func:`log_changes` raises
-:class:`LogChangesUnavailable` before reading any file, and the caller reads the change data feed or
-the snapshots instead. A data file that is gone (VACUUM) fails the read with Spark's
+table's) and the schema is the one before the range throughout (checked against the version
+before only where a commit in the range sets metadata), and every action has its partition values
+(a partition column is not in the files; a remove leaves out a null one). Otherwise
+:func:`log_changes` raises :class:`LogChangesUnavailable` before reading any file, and the caller
+reads the change data feed or the snapshots instead. A data file that is gone (VACUUM) fails the read with Spark's
 ``PATH_NOT_FOUND``, which :func:`mvsink.desired.changes.unreadable` tells apart.
 """
 
