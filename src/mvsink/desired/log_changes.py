@@ -18,8 +18,8 @@ table's) and the schema is the one before the range throughout (checked against 
 before only where a commit in the range sets metadata), and every action has its partition values
 (a partition column is not in the files; a remove leaves out a null one). Otherwise
 :func:`log_changes` raises :class:`LogChangesUnavailable` before reading any file, and the caller
-reads the change data feed or the snapshots instead. A data file that is gone (VACUUM) fails the read with Spark's
-``PATH_NOT_FOUND``, which :func:`mvsink.desired.changes.unreadable` tells apart.
+reads the change data feed or the snapshots instead. A data file that is gone (VACUUM) fails the
+read with Spark's ``PATH_NOT_FOUND``, which :func:`mvsink.desired.changes.unreadable` tells apart.
 """
 
 from __future__ import annotations
