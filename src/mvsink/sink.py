@@ -181,6 +181,7 @@ class MaterializedView:
         #: Foreign commits not yet accounted for by an mvsink commit: version -> its undo.
         self.pending_repairs: dict[int, DataFrame] = {}
         self._readback_version = -1
+        self._files_seen: tuple[frozenset[str], list[TableFile]] | None = None  # see _table_files
         #: The view's upper as this replica last saw it (read back, or moved by its own append).
         self.observed_upper = 0
         #: How often this replica has hydrated (read the whole input): once, unless restarted.
@@ -581,8 +582,16 @@ class MaterializedView:
 
     def _table_files(self) -> list[TableFile]:
         """The data files the read-back last saw, with their statistics of the prune column
-        (the key's first column, else the first) where the latest snapshot still has them."""
-        paths = {p for p in self.readback.files if not p.startswith(ERRORS_DIR + "/")}
+        (the key's first column, else the first) where the latest snapshot still has them.
+        Kept for the same files (a file's statistics never change): a step's key check and its
+        staging load the table's add actions once."""
+        paths = frozenset(p for p in self.readback.files if not p.startswith(ERRORS_DIR + "/"))
+        if self._files_seen is not None and self._files_seen[0] == paths:
+            return self._files_seen[1]
+        self._files_seen = (paths, self._load_table_files(paths))
+        return self._files_seen[1]
+
+    def _load_table_files(self, paths: frozenset[str]) -> list[TableFile]:
         if not paths:
             return []
         column = (self.view.key or [f.name for f in self.schema.fields])[0]
