@@ -129,6 +129,54 @@ def test_deletion_vectors_schema_changes_and_column_mapping_make_the_log_changes
         log_changes(spark, mapped, [(1, 1, 1)])
 
 
+def test_a_range_written_under_a_column_mapping_removed_later_is_unavailable(spark, tmp_path):
+    """Its files name their columns by the mapping's physical names: read by the table's names,
+    every value would be null. The newest version has no mapping; the version before the range has."""
+    path = str(tmp_path / "src")
+    spark.sql(f"CREATE TABLE delta.`{path}` ({SCHEMA}) USING delta TBLPROPERTIES "
+              "(delta.columnMapping.mode = 'name', delta.minReaderVersion = 2, delta.minWriterVersion = 5)")
+    insert(spark, path, [(1, "a", 0)])
+    insert(spark, path, [(2, "b", 1)])
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.columnMapping.mode' = 'none')")
+    with pytest.raises(LogChangesUnavailable, match="column mapping at version 1"):
+        log_changes(spark, path, [(2, 2, 2)])
+    insert(spark, path, [(3, "c", 2)])
+    after = latest_version(path)
+    assert [tuple(r) for r in log_changes(spark, path, [(9, after, after)]).collect()] == [(3, "c", 2, 9, 1)]
+
+
+def test_a_range_after_the_last_one_read_asks_delta_nothing_and_still_sees_metadata_move(spark, tmp_path,
+                                                                                        monkeypatch):
+    """The schema before a range that starts where the last one ended is known; a schema change or
+    column mapping turned on in it is still refused, from the range's own commits."""
+    from mvsink.desired import log_changes as module
+    asked = []
+    for name in ("_schema", "_column_mapping"):
+        monkeypatch.setattr(module, name, lambda *args, _f=getattr(module, name), _n=name: asked.append(_n) or _f(*args))
+    path = str(tmp_path / "src")
+    _source(spark, path, partitioned=False)
+    insert(spark, path, [(1, "a", 0)])
+    log_changes(spark, path, [(1, 1, 1)]).collect()
+    assert sorted(asked) == ["_column_mapping", "_schema"]  # version 0's, once
+    asked.clear()
+    insert(spark, path, [(2, "a", 0)])
+    assert [tuple(r) for r in log_changes(spark, path, [(2, 2, 2)]).collect()] == [(2, "a", 0, 2, 1)]
+    assert not asked
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
+              "'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')")
+    with pytest.raises(LogChangesUnavailable, match="column mapping in versions 3..3"):
+        log_changes(spark, path, [(3, 3, 3)])
+    widened = str(tmp_path / "widened")
+    _source(spark, widened, partitioned=False)
+    insert(spark, widened, [(1, "a", 0)])
+    asked.clear()
+    log_changes(spark, widened, [(1, 1, 1)])
+    spark.sql(f"ALTER TABLE delta.`{widened}` ADD COLUMNS (w INT)")
+    with pytest.raises(LogChangesUnavailable, match="schema of .* changes in versions 2..2"):
+        log_changes(spark, widened, [(2, 2, 2)])
+    assert sorted(asked) == ["_column_mapping", "_schema"]  # only for the first range
+
+
 def test_vacuumed_files_are_told_unreadable(spark, tmp_path):
     path = str(tmp_path / "src")
     _source(spark, path, partitioned=False)

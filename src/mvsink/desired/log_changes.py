@@ -13,10 +13,11 @@ them as plain Parquet: no change data feed query for Delta to plan.
 
 This holds for a range of versions only where every file's rows are the table's rows: no added or
 removed file read carries a deletion vector (its deleted rows are still in the file), the table
-has no column mapping at its newest version nor in the range (its files' column names are not the
-table's) and the schema is the one before the range throughout (checked against the version
-before only where a commit in the range sets metadata), and every action has its partition values
-(a partition column is not in the files; a remove leaves out a null one). Otherwise
+has no column mapping at the version before the range nor in it (its files' column names are not
+the table's), every metadata a commit in the range sets has the columns of the version before,
+and every action has its partition values (a partition column is not in the files; a remove
+leaves out a null one). The schema before a range is Delta's, unless the last range read ended
+there (then it is known: a version's metadata never changes). Otherwise
 :func:`log_changes` raises :class:`LogChangesUnavailable` before reading any file, and the caller
 reads the change data feed or the snapshots instead. A data file that is gone (VACUUM) fails the
 read with Spark's ``PATH_NOT_FOUND``, which :func:`mvsink.desired.changes.unreadable` tells apart.
@@ -59,9 +60,7 @@ def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
     (its commit's span) and diff (a change data file's row by its change type; else +1 added
     file's row, -1 removed file's row), not consolidated."""
     first, last = spans[0][1], spans[-1][2]
-    if _column_mapping(spark, path) not in _NO_COLUMN_MAPPING:
-        raise LogChangesUnavailable(f"{path} has column mapping")
-    schema = _schema(spark, path, last)
+    before = _schema_before(spark, path, first)
     files: dict[tuple[int, int | None, tuple], list[str]] = {}  # diff None: change data files
     partition_columns: set[str] = set()
     metadata_changed = False
@@ -70,7 +69,7 @@ def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
             actions = _actions(path, version)
             kinds = _CHANGE_DATA if any("cdc" in action for action in actions) else _DATA
             for action in actions:
-                metadata_changed |= _check_metadata(action, schema, path, version)
+                metadata_changed |= _check_metadata(action, before, path, first, last)
                 for kind, diff in kinds:
                     change = action.get(kind)
                     if change is None or diff is not None and not change.get("dataChange", True):
@@ -82,8 +81,8 @@ def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
                     partition_columns.update(change["partitionValues"])
                     values = tuple(sorted(change["partitionValues"].items()))
                     files.setdefault((time, diff, values), []).append(file_uri(path, change["path"]))
-    if metadata_changed and _columns(_schema(spark, path, first - 1, before_range=True)) != _columns(schema):
-        raise LogChangesUnavailable(f"the schema of {path} changes in versions {first}..{last}")
+    schema = _schema(spark, path, last) if metadata_changed else before
+    _remember(path, last, schema)
     columns = [f.name for f in schema.fields]
     data_schema = T.StructType([f for f in schema.fields if f.name not in partition_columns])
     parts = [_rows(spark, uris, data_schema, schema, {c: dict(values).get(c) for c in partition_columns}, time,
@@ -104,34 +103,67 @@ def _actions(path: str, version: int) -> list[dict]:
         raise LogChangesUnavailable(f"the commit file of version {version} of {path} is gone") from None
 
 
-def _column_mapping(spark: SparkSession, path: str) -> str | None:
-    """The column mapping mode of the table's newest version (it is never turned off)."""
-    rows = spark.sql(f"SHOW TBLPROPERTIES delta.`{spark_uri(path)}`").collect()
+#: The schemas of tables without column mapping at versions whose changes were read last, by
+#: ``(path, version)``: a version's metadata never changes, and a range's changes start where the
+#: last range's ended, so the schema before a range is mostly known; the range's own commits say
+#: whether it moves (:func:`_check_metadata`).
+_schemas_known: dict[tuple[str, int], T.StructType] = {}
+_SCHEMAS_KEPT = 1024
+
+
+def _schema_before(spark: SparkSession, path: str, first: int) -> T.StructType:
+    """The table's schema at the version before ``first``, where it has no column mapping then;
+    else raises :class:`LogChangesUnavailable`. Delta is asked only for a version no range ended
+    at."""
+    known = _schemas_known.get((path, first - 1))
+    if known is not None:
+        return known
+    if _column_mapping(spark, path, first - 1) not in _NO_COLUMN_MAPPING:
+        raise LogChangesUnavailable(f"{path} has column mapping at version {first - 1}")
+    return _schema(spark, path, first - 1)
+
+
+def _remember(path: str, version: int, schema: T.StructType) -> None:
+    _schemas_known[path, version] = schema
+    while len(_schemas_known) > _SCHEMAS_KEPT:
+        del _schemas_known[next(iter(_schemas_known))]
+
+
+def _column_mapping(spark: SparkSession, path: str, version: int) -> str | None:
+    """The table's column mapping mode at ``version`` (it can be removed later, which rewrites
+    the files, so the newest version's mode says nothing of an older version's files)."""
+    rows = _read_or_unavailable(path, version, lambda: spark.sql(
+        f"SHOW TBLPROPERTIES delta.`{spark_uri(path)}@v{version}`").collect())
     return {r.key: r.value for r in rows}.get("delta.columnMapping.mode")
 
 
-def _schema(spark: SparkSession, path: str, version: int, before_range: bool = False) -> T.StructType:
-    """The table's schema at ``version``; one ``before_range`` that cannot be read (its log
-    cleaned up) makes the log changes unavailable."""
+def _schema(spark: SparkSession, path: str, version: int) -> T.StructType:
+    """The table's schema at ``version``."""
+    return _read_or_unavailable(path, version, lambda: spark.read.format("delta").option("versionAsOf", version)
+                         .load(spark_uri(path)).schema)
+
+
+def _read_or_unavailable(path: str, version: int, read):
+    """``read()``, of the table at ``version``: one that cannot be read (its log cleaned up)
+    makes the log changes unavailable."""
     try:
-        return spark.read.format("delta").option("versionAsOf", version).load(spark_uri(path)).schema
+        return read()
     except Exception as exc:
-        if not before_range:
-            raise
-        raise LogChangesUnavailable(f"the schema of {path} at version {version} cannot be read: "
+        raise LogChangesUnavailable(f"version {version} of {path} cannot be read: "
                                     f"{str(exc).splitlines()[0][:200]}") from None
 
 
-def _check_metadata(action: dict, schema: T.StructType, path: str, version: int) -> bool:
-    """Whether ``action`` sets the table's metadata; raises :class:`LogChangesUnavailable` if it
-    sets a schema other than ``schema`` or turns column mapping on."""
+def _check_metadata(action: dict, schema: T.StructType, path: str, first: int, last: int) -> bool:
+    """Whether ``action`` (of a commit in versions ``first`` to ``last``) sets the table's
+    metadata; raises :class:`LogChangesUnavailable` if it sets columns other than ``schema``'s
+    (the one before the range) or turns column mapping on."""
     metadata = action.get("metaData")
     if metadata is None:
         return False
     if metadata.get("configuration", {}).get("delta.columnMapping.mode") not in _NO_COLUMN_MAPPING:
-        raise LogChangesUnavailable(f"{path} has column mapping at version {version}")
+        raise LogChangesUnavailable(f"{path} has column mapping in versions {first}..{last}")
     if _columns(T.StructType.fromJson(json.loads(metadata["schemaString"]))) != _columns(schema):
-        raise LogChangesUnavailable(f"the schema of {path} changes at version {version}")
+        raise LogChangesUnavailable(f"the schema of {path} changes in versions {first}..{last}")
     return True
 
 
