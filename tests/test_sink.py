@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import pytest
 from pyspark.sql import functions as F
 
-from helpers import create_source, insert
+from helpers import create_source, insert, wait_for
 from mvsink import (ChangesInput, MaterializedView, NotReadable, SnapshotInput, ViewDefinition,
                     read_view, register_temp_view, view_since, view_upper)
 from mvsink.check import TimelineReader, check_table, expected_from_source
+from mvsink.table import latest_version
 
 
 def _edits(spark, src):
@@ -121,3 +123,22 @@ def test_a_step_that_fails_midway_loses_nothing(spark, tmp_path):
     result = check_table(tgt, "flaky", ["id", "v"], expected_from_source(src, ["id", "v"], timeline=view.timeline))
     assert result.ok, result.problems
     assert {tuple(r) for r in read_view(spark, tgt, "flaky").collect()} == {(1, "aa"), (2, "b")}
+
+
+def test_a_streamed_view_keeps_up_and_its_stop_leaves_no_checkpoint_behind(spark, tmp_path):
+    """``start_stream`` steps the view on a trigger; without a checkpoint given, the ticks' one is
+    a temporary directory that ``stop_stream`` removes."""
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a")])
+    mv = MaterializedView(spark, ViewDefinition("streamed", tgt, ChangesInput(src), key=("id",), replica_id="r1"))
+    query = mv.start_stream(trigger_seconds=0.2)
+    checkpoint = mv._ticks_checkpoint
+    try:
+        insert(spark, src, [(2, "b")])
+        wait_for(lambda: latest_version(tgt) is not None and {tuple(r) for r in spark.read.format("delta").load(tgt)
+                                                              .collect()} == {(1, "a"), (2, "b")},
+                 timeout=120, interval=0.2, what="the view to hold the source's rows")
+        assert os.path.isdir(checkpoint)
+    finally:
+        mv.stop_stream(query)
+    assert not query.isActive and not os.path.exists(checkpoint)

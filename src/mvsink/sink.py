@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -151,6 +152,7 @@ class MaterializedView:
         #: Held for a whole step: :meth:`plan` reads the buffer and frontiers between two steps.
         self._step_lock = threading.RLock()
         self._stream_stopping = False
+        self._ticks_checkpoint: str | None = None
         self.view = view
         self.orphan_grace_seconds = orphan_grace_seconds
         self.shard = Shard(view.target, view.app_id, view.view_id, view.replica_id)
@@ -677,7 +679,8 @@ class MaterializedView:
         ``before_step`` runs before each step (operator requests), ``after_step`` after it, also
         after a failed one (progress reports).
         """
-        checkpoint = checkpoint or tempfile.mkdtemp(prefix=f"mvsink-{self.view.view_id}-")
+        if checkpoint is None:  # the ticks' progress is of no use to another process: removed at the stop
+            checkpoint = self._ticks_checkpoint = tempfile.mkdtemp(prefix=f"mvsink-{self.view.view_id}-")
         ticks = self.spark.readStream.format("rate").option("rowsPerSecond", 1).load()
         self._stream_stopping = False
 
@@ -705,12 +708,15 @@ class MaterializedView:
         """Stop a query of :meth:`start_stream` between two steps: wait for the running step to
         end (however busy the trigger is) and let no further step start, then stop the query.
         A step still running after ``timeout_seconds`` is interrupted: a step stopped anywhere
-        loses nothing (see :meth:`step`)."""
+        loses nothing (see :meth:`step`). A ticks checkpoint :meth:`start_stream` made is removed."""
         between_steps = self._stream_gate.acquire(timeout=timeout_seconds)
         self._stream_stopping = True
         if between_steps:
             self._stream_gate.release()
         query.stop()
+        if self._ticks_checkpoint is not None:
+            shutil.rmtree(self._ticks_checkpoint, ignore_errors=True)
+            self._ticks_checkpoint = None
 
 
 def _commit_updates(desc: Description, corrections: DataFrame, corrections_since: int,
