@@ -25,6 +25,9 @@ AGGREGATE = ("SELECT o.cust, max(o.amount) AS top, count(DISTINCT c.segment) AS 
              "FROM orders o LEFT JOIN customers c ON o.cust = c.cust GROUP BY o.cust")
 THREE = ("SELECT o.id, c.segment, p.paid FROM orders o LEFT JOIN customers c ON o.cust = c.cust "
          "LEFT JOIN payments p ON p.cust = o.cust WHERE coalesce(p.paid, 0) <> 3")
+#: A view over an aggregate view: each customer with its orders' count and largest amount.
+OVER_AGGREGATE = ("SELECT c.cust, c.segment, t.n, t.top FROM customers c JOIN "
+                  "(SELECT cust, count(*) AS n, max(amount) AS top FROM orders GROUP BY cust) t ON c.cust = t.cust")
 STRATEGY = "per-key recompute"
 BY_CUST = {"orders": ("cust",), "customers": ("cust",)}
 #: The customers' keys (and null): enough that a time's commits leave some keys alone.
@@ -74,9 +77,19 @@ def unchanged_sources(spark, tmp_path_factory) -> dict[str, str]:
     ("SELECT a.id, b.amount FROM orders a LEFT JOIN orders b ON a.cust = b.cust", None),  # a source read twice
     ("SELECT o.cust, sum(CAST(o.amount AS DOUBLE)) AS s FROM orders o LEFT JOIN customers c ON o.cust = c.cust "
      "GROUP BY o.cust", None),                                               # a float sum
+    (OVER_AGGREGATE, BY_CUST),
+    ("SELECT t.cust, t.amount, c.segment FROM (SELECT cust, amount, count(*) AS n FROM orders GROUP BY cust, amount) t "
+     "LEFT JOIN customers c ON c.cust = t.cust WHERE t.n > 1", BY_CUST),      # grouped by the key and more
+    ("SELECT c.cust, t.n FROM customers c JOIN (SELECT amount, count(*) AS n FROM orders GROUP BY amount) t "
+     "ON c.cust = t.n", None),                                               # joined on an aggregate's result
+    ("SELECT c.cust, t.s FROM customers c JOIN (SELECT cust, sum(CAST(amount AS DOUBLE)) AS s FROM orders "
+     "GROUP BY cust) t ON c.cust = t.cust", None),                           # a float sum below the join
+    ("SELECT c.cust, t.n FROM customers c JOIN (SELECT o.cust, count(*) AS n FROM orders o JOIN payments p "
+     "ON o.cust = p.cust GROUP BY o.cust) t ON c.cust = t.cust", None),      # an aggregate of a join
 ], ids=["left", "right", "full", "anti", "semi", "aggregate", "key-and-more", "three", "same-leaf-twice",
         "groups-span-keys", "padded-key", "no-group-by", "non-equi", "computed", "two-keys", "rand", "self",
-        "double-sum"])
+        "double-sum", "over-aggregate", "over-aggregate-by-more", "over-aggregate-result", "over-float-sum",
+        "over-aggregate-of-join"])
 def test_which_queries_are_key_joins(spark, unchanged_sources, sql, keys):
     """Over rows held in Spark, each source read once, as a view checks it."""
     sources = unchanged_sources
@@ -126,7 +139,9 @@ def strategies(monkeypatch) -> list[str]:
     (ANTI, (),),
     (AGGREGATE, ("orders",),),
     (THREE, ("payments",),),
-], ids=["left", "full-customers-no-feed", "anti", "aggregate-orders-no-feed", "three-payments-no-feed"])
+    (OVER_AGGREGATE, ()),
+], ids=["left", "full-customers-no-feed", "anti", "aggregate-orders-no-feed", "three-payments-no-feed",
+        "over-aggregate"])
 def test_key_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, strategies, sql, without_feed):
     """1-3 commits to any of the sources per time (duplicates, null keys, rows moving to another
     key, deletes on several sides in one time, a row deleted and inserted again), a source without

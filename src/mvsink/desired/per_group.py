@@ -15,7 +15,9 @@ optimized logical plan, every expression deterministic and no subquery, is one o
   the two sides' columns); optionally under one ``Aggregate`` grouping by such a column of a source
   no outer join pads with nulls (so the group holds one key). Every row of a join holds rows of
   its sources with one key value (a join matches only equal keys), and whether a row is padded
-  depends only on the other side's rows of that key: the group's value is the key's.
+  depends only on the other side's rows of that key: the group's value is the key's. A side may
+  be an aggregate of one source grouped by its key column (and maybe more), as a view over an
+  aggregate view is: each of its rows depends only on the source's rows of one key.
 
 Every aggregate function must be one whose result does not depend on the order of its rows
 (:data:`ORDER_FREE`: ``min``, ``max``, ``count`` and ``count(DISTINCT ...)``, ``percentile``, and
@@ -128,9 +130,9 @@ def _one_source(aggregate, below, names: dict[int, str] | None) -> PerGroup | No
 
 
 class _KeyJoin:
-    """A plan of projections, filters and key joins (:data:`_KEY_JOINS`) over scans: its leaves
-    (in order), the joins' equalities between the leaves' columns, and the leaves no outer join
-    pads."""
+    """A plan of projections, filters and key joins (:data:`_KEY_JOINS`) over scans and
+    aggregates of one scan: its leaves (in order), the joins' equalities between the leaves'
+    columns, and the leaves no outer join pads."""
 
     def __init__(self):
         self.leaves: list = []
@@ -160,6 +162,10 @@ class _KeyJoin:
                     pairs.append(pair)
             self.equalities.append(pairs)
             return True
+        if name == "Aggregate":  # of one leaf; only its grouping columns trace through it (_trace)
+            return plan_is_row_wise(node.child(), scan) and all(
+                _order_free(f) for e in scala_items(node.aggregateExpressions()) for f in _functions(e)
+            ) and self._walk(node.child(), scan, kept)
         if name != scan or not node.children().isEmpty():
             return False
         if kept:
@@ -193,6 +199,11 @@ class _KeyJoin:
                 attribute, node = source.exprId().id(), node.child()
             elif name == "Filter":
                 node = node.child()
+            elif name == "Aggregate":  # a grouping column passes through; an aggregate's result is new
+                if not any(g.nodeName() == "AttributeReference" and g.exprId().id() == attribute
+                           for g in scala_items(node.groupingExpressions())):
+                    return None
+                node = node.child()
             elif name == "Join":
                 side = [c for c in (node.left(), node.right())
                         if any(a.exprId().id() == attribute for a in scala_items(c.output()))]
@@ -206,7 +217,8 @@ class _KeyJoin:
 
     def keys(self) -> list[tuple[str, ...]]:
         """The keys: sets of columns, one of each leaf (by leaf index), that every join equates
-        (its leaf columns connected by the joins' equalities); none if there is none."""
+        (its leaf columns connected by the joins' equalities; through an aggregate, only a
+        column it groups by is one); none if there is none."""
         parent: dict = {}
 
         def root(x):
