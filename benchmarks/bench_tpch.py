@@ -1,4 +1,4 @@
-"""TPC-H views (Q3-like, Q1, Q5, Q10, Q13's inner query, lines per order) kept by mvsink, overwrite and MERGE.
+"""TPC-H views kept by mvsink, overwrite and MERGE: Q3-like, Q1, Q5, Q10, Q13's inner query, and two more.
 
 Workload: the tables the ``--query`` reads, from ``tpchgen-cli`` at ``--scale`` (default 1), loaded
 into Delta tables (change data feed on), each laid out by its key (``repartitionByRange``: orders
@@ -16,7 +16,10 @@ range of keys). The views, each keyed by the group-by columns that identify its 
 * ``q13``: the inner query of TPC-H Q13, every customer's count of orders (a left outer join, zero
   for none; key ``c_custkey``): a key join, recomputed per key;
 * ``lines``: per order, its lines' highest price, first ship date and distinct suppliers (min, max,
-  ``count(DISTINCT ...)`` over lineitem; key ``l_orderkey``): recomputed per group.
+  ``count(DISTINCT ...)`` over lineitem; key ``l_orderkey``): recomputed per group;
+* ``custorders``: a view over an aggregate view, every customer with its orders' count, last date
+  and largest total (customer left joined with an aggregate of orders by customer; key
+  ``c_custkey``): a key join, recomputed per key.
 
 None has an ``ORDER BY`` or ``LIMIT``. Each round applies refreshes in the spirit of TPC-H's:
 ``--new-fraction`` of the orders (0.1%) come in as new orders (copies of existing ones with new
@@ -38,7 +41,7 @@ contender is timed doing the wrong thing.
 With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
-Run: ``python benchmarks/bench_tpch.py [--query q3|q1|q5|q10|q13|lines] [--scale 1] [--rounds 5]
+Run: ``python benchmarks/bench_tpch.py [--query q3|q1|q5|q10|q13|lines|custorders] [--scale 1] [--rounds 5]
 [--changed-orders N] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
@@ -101,6 +104,12 @@ SELECT l_orderkey, max(l_extendedprice) AS top_price, min(l_shipdate) AS first_s
        count(DISTINCT l_suppkey) AS suppliers
 FROM lineitem GROUP BY l_orderkey
 """, ("l_orderkey",), ("lineitem",)),
+    "custorders": ("""
+SELECT c_custkey, c_name, c_mktsegment, coalesce(o.orders, 0) AS orders, o.last_order, o.largest
+FROM customer LEFT JOIN (SELECT o_custkey, count(*) AS orders, max(o_orderdate) AS last_order,
+                                max(o_totalprice) AS largest FROM orders GROUP BY o_custkey) o
+  ON c_custkey = o.o_custkey
+""", ("c_custkey",), ("customer", "orders")),
 }
 #: Each table's key, and its files per scale factor 1 (at least 1).
 TABLES = {"customer": ("c_custkey", 2), "orders": ("o_orderkey", 16), "lineitem": ("l_orderkey", 48),
