@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from functools import cache, lru_cache, reduce
+from typing import Callable, TypeVar
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -35,6 +36,7 @@ from pyspark.sql import types as T
 from mvsink.table import file_uri, log_actions, spark_uri
 from mvsink.updates import DIFF, TIME
 
+_R = TypeVar("_R")
 _NO_COLUMN_MAPPING = ("none", None)
 #: The actions a commit's changes are read from, each with its rows' diff (None: each row's own).
 _CHANGE_DATA, _DATA = (("cdc", None),), (("add", 1), ("remove", -1))
@@ -139,11 +141,11 @@ def _column_mapping(spark: SparkSession, path: str, version: int) -> str | None:
 
 def _schema(spark: SparkSession, path: str, version: int) -> T.StructType:
     """The table's schema at ``version``."""
-    return _read_or_unavailable(path, version, lambda: spark.read.format("delta").option("versionAsOf", version)
-                         .load(spark_uri(path)).schema)
+    return _read_or_unavailable(
+        path, version, lambda: spark.read.format("delta").option("versionAsOf", version).load(spark_uri(path)).schema)
 
 
-def _read_or_unavailable(path: str, version: int, read):
+def _read_or_unavailable(path: str, version: int, read: Callable[[], _R]) -> _R:
     """``read()``, of the table at ``version``: one that cannot be read (its log cleaned up)
     makes the log changes unavailable."""
     try:
