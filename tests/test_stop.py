@@ -24,19 +24,30 @@ def _spark_submit() -> list[str]:
             "--conf", "spark.ui.enabled=false", "--driver-memory", "512m", "--jars", ",".join(delta_jars())]
 
 
+def _fields(stat_path: str) -> list[str]:
+    """The fields of a ``/proc/.../stat`` after "pid (comm) ": state ppid pgrp ..."""
+    stat = Path(stat_path).read_text()
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def _members(pgid: int) -> list[tuple[int, str]]:
-    """(pid, command) of the live (not zombie) processes in process group ``pgid``."""
+    """(pid, command) of the live processes in process group ``pgid``.
+
+    A process is live while any of its threads is: a leader thread shows as a zombie while the
+    process's other threads are still exiting, and its open files (the protocol socket) are
+    released only when the last thread has gone."""
     members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
+            if int(_fields(f"/proc/{entry}/stat")[2]) != pgid:
+                continue
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+            states = [_fields(f"/proc/{entry}/task/{task}/stat")[0] for task in os.listdir(f"/proc/{entry}/task")]
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state ppid pgrp ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        if any(state not in ("Z", "X") for state in states):
             members.append((int(entry), cmdline))
     return members
 
@@ -61,7 +72,7 @@ def test_stopping_spark_submit_ends_the_whole_replica(tmp_path, sig):
         replica.signal(sig)  # spark-submit alone, as `kill $BLUE` does
         wait_for(lambda: replica.proc.poll() is not None and not _members(pgid), timeout=60,
                  what="every process of the replica to end")
-        assert not _listening(replica.address), "the protocol port is free"
+        wait_for(lambda: not _listening(replica.address), timeout=10, what="the protocol port to be free")
         host, port = replica.address.rsplit(":", 1)
         with socket.socket() as sock:  # and can be listened on again at once
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
