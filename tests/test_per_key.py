@@ -12,6 +12,7 @@ import pytest
 
 from helpers import create_source, edit_customers, edit_orders, insert, maintained_and_recomputed
 from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition
+from mvsink.desired import changes as changes_module
 from mvsink.desired import snapshot
 from mvsink.desired.per_group import PerGroup, per_group
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN
@@ -191,6 +192,49 @@ def test_a_step_reads_only_the_changed_keys_files(spark, tmp_path):
     assert [(files, total) for table, files, total in reads if table == "customers"] == [(1, 8)], reads
     (before, after) = sorted((files, total) for table, files, total in reads if table == "orders")
     assert before == (1, 4) and after[0] - (after[1] - 4) == 1, "orders: the last of the 4 old files (and the insert's)"
+
+
+def test_the_files_both_versions_share_are_scanned_once(spark, tmp_path, monkeypatch):
+    """A per-key step's one job reads each file once: the orders' files the versions before and
+    after the change share (and the customers', whose version does not move) are scanned by one
+    scan of the job's plan, reused by the other version's, not by one per version."""
+    sources = {name: str(tmp_path / name) for name in ("orders", "customers")}
+    create_source(spark, sources["orders"], [(i, i % 6 + 1, i % 5) for i in range(24)], ORDERS)
+    insert(spark, sources["orders"], [(100 + i, i % 6 + 1, 1) for i in range(6)])  # a second file
+    create_source(spark, sources["customers"], [(c, "xyz"[c % 3]) for c in range(1, 7)], CUSTOMERS)
+    view = MaterializedView(spark, ViewDefinition("v", str(tmp_path / "v"), SnapshotInput(sql=LEFT, refresh="incremental"),
+                                                  key=("id",), sources=sources, replica_id="r1"))
+    view.run_until_caught_up()
+    plans, held_observing = [], changes_module.held_observing
+
+    def observed(frame, name, *metrics, keep=None, executed=None):
+        executed = [] if executed is None else executed
+        result = held_observing(frame, name, *metrics, keep=keep, executed=executed)
+        if name == changes_module._OBSERVED:  # the job holding the step's changes (not a feed's)
+            plans.append(executed[-1]._jdf.queryExecution().executedPlan())
+        return result
+    monkeypatch.setattr(changes_module, "held_observing", observed)
+    insert(spark, sources["orders"], [(1000, 3, 9)])
+    reports = [view.step() for _ in range(3)]
+    assert {r.strategy for r in reports if r.reads} == {STRATEGY} and len(plans) == 1
+    scans = [files for plan in plans for files in _scanned_files(plan)]
+    scanned = [f for files in scans for f in files]
+    assert any("orders" in f for f in scanned) and any("customers" in f for f in scanned), scans
+    assert len(scanned) == len(set(scanned)), f"a file scanned twice: {scans}"
+
+
+def _scanned_files(plan) -> list[list[str]]:
+    """The files of each Parquet scan in an executed Spark ``plan`` (a reused exchange's scans,
+    run once, are not under it again)."""
+    kind = plan.getClass().getSimpleName()
+    if kind == "AdaptiveSparkPlanExec":
+        return _scanned_files(plan.executedPlan())
+    if kind.endswith("QueryStageExec"):
+        return _scanned_files(plan.plan())
+    if kind == "FileSourceScanExec":
+        return [list(plan.relation().location().inputFiles())]
+    children = plan.children()
+    return [files for i in range(children.size()) for files in _scanned_files(children.apply(i))]
 
 
 def test_refresh_policies_explain_and_the_inner_join_keeping_its_strategy(spark, tmp_path, unchanged_sources,

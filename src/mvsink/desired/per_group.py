@@ -36,6 +36,9 @@ the aggregate (:func:`in_groups`, null-safe), after the read is pruned to a few 
 values (:func:`~mvsink.desired.join.pruned`), and only the files that can hold those values are
 read (listed by :mod:`~mvsink.desired.listed_files`, else skipped by Delta's data skipping);
 :class:`~mvsink.desired.snapshot.SnapshotDesired` reads the changes and the ranges once per step.
+A listed file both versions hold (every file of a source that did not move; most of one that did)
+is read once for both: the restricted rows of those files are one shuffle that the two versions'
+plans share, which Spark runs once (a reused exchange).
 
 Invariant: the rows retracted for a group at ``t`` are the rows the group had, recomputed from the
 versions before; they equal the rows added for it earlier, because every aggregate taken gives the

@@ -83,9 +83,10 @@ class SourceFeeds:
     nulls: dict[tuple[str, str], bool]
     #: Each change's ``(time, diff)`` pairs that have rows.
     present: dict[str, set[tuple[int, int]]]
-    #: The sources read from listed files (:meth:`SnapshotDesired._source_read`), by source,
-    #: version and ranges (the inserted and deleted rows' terms share one), and what each read.
-    listed: dict[tuple, DataFrame] = field(default_factory=dict)
+    #: The sources' files listed and their rows (:meth:`SnapshotDesired._listed`; None: read
+    #: through Delta), by source, version and ranges (the inserted and deleted rows' terms share
+    #: one), and what each read.
+    listed: dict[tuple, tuple[list[str], DataFrame] | None] = field(default_factory=dict)
     listed_reads: list[SourceRead] = field(default_factory=list)
 
 
@@ -458,30 +459,62 @@ class SnapshotDesired(Desired):
     def _source_read(self, name: str, version: int, cuts: list[tuple[str, list[tuple], bool]],
                      feeds: SourceFeeds) -> DataFrame:
         """Source ``name`` at ``version`` where each ``(column, ranges, nulls)`` of ``cuts`` lies in
-        its ranges (or is null, with ``nulls``): read from the files listed by
-        :mod:`~mvsink.desired.listed_files` (with no Spark job preparing the scan) where the table
-        allows it and the listing prunes every column of ``cuts``, else through Delta's data
-        skipping. One read per step for each source, version and cuts (a join's inserted and
-        deleted rows' terms share it)."""
-        rows = self._pinned(name, version)
+        its ranges (or is null, with ``nulls``): read from the files :meth:`_listed`, else through
+        Delta's data skipping."""
+        listed = self._listed(name, version, cuts, feeds)
+        return _within(listed[1] if listed is not None else self._pinned(name, version), cuts)
+
+    def _listed(self, name: str, version: int, cuts: list[tuple[str, list[tuple], bool]],
+                feeds: SourceFeeds) -> tuple[list[str], DataFrame] | None:
+        """The files of source ``name`` at ``version`` that can hold rows in ``cuts`` and their rows
+        (not cut), listed by :mod:`~mvsink.desired.listed_files` (with no Spark job preparing the
+        scan); None where the table does not allow it or the listing does not prune every column of
+        ``cuts``. One listing and read per step for each source, version and cuts (a join's inserted
+        and deleted rows' terms share it)."""
         key = (name, version, tuple((column, tuple(ranges), nulls) for column, ranges, nulls in cuts))
         if key not in feeds.listed:
             feeds.listed[key] = None
+            schema = self._pinned(name, version).schema
             # a string column's ranges Delta prunes (by prefix), the listing does not: read through Delta
-            listable = all(prunes(rows.schema[column].dataType) for column, _, _ in cuts)
+            listable = all(prunes(schema[column].dataType) for column, _, _ in cuts)
             if listable and (name, version) not in self._add_actions:
                 self._add_actions[name, version] = add_actions(self.sources[name], version)
             actions = self._add_actions[name, version] if listable else None
             if actions is not None:
-                uris = files_in_ranges(self.sources[name], actions, rows.schema, cuts)
-                feeds.listed[key] = read_files(self._session(), uris, rows.schema)
-                if feeds.listed[key] is not None:
+                uris = files_in_ranges(self.sources[name], actions, schema, cuts)
+                rows = read_files(self._session(), uris, schema)
+                if rows is not None:
+                    feeds.listed[key] = uris, rows
                     feeds.listed_reads.append(SourceRead(spark_uri(self.sources[name]), version, len(uris),
                                                          actions.num_rows))
-        rows = feeds.listed[key] if feeds.listed[key] is not None else rows
-        for column, ranges, nulls in cuts:
-            rows = pruned(rows, column, ranges, nulls)
-        return rows
+        return feeds.listed[key]
+
+    def _in_groups_after_and_before(self, name: str, versions: tuple[int, int],
+                                    cuts: list[tuple[str, list[tuple], bool]], groups: DataFrame,
+                                    feeds: SourceFeeds) -> list[DataFrame]:
+        """Source ``name``'s rows in ``groups`` (of :attr:`per_group`'s columns) at each of
+        ``versions``, read where ``cuts`` allow. Where both versions' files are listed, the files
+        they share (all of them, for a source that did not move) are read once: their rows in the
+        groups are shuffled by the group columns, one shuffle that both versions' plans hold alike,
+        so Spark computes it once in the step's job and reuses it (``ReusedExchange``)."""
+        columns = self.per_group.keys[name]
+        listed = [self._listed(name, version, cuts, feeds) for version in versions]
+        schemas = {self._pinned(name, version).schema for version in versions}
+        if None in listed or len(schemas) > 1:
+            return [in_groups(self._source_read(name, version, cuts, feeds), groups, columns, feeds.small)
+                    for version in versions]
+        (schema,), shared = schemas, set(listed[0][0]) & set(listed[1][0])
+
+        def in_files(uris: set[str]) -> DataFrame:
+            return in_groups(_within(read_files(self._session(), sorted(uris), schema), cuts), groups, columns, feeds.small)
+        shared_rows = in_files(shared).repartition(*columns) if shared else None
+
+        def read(uris: list[str]) -> DataFrame:
+            apart = set(uris) - shared
+            if shared_rows is None:
+                return in_files(apart)
+            return shared_rows.unionByName(in_files(apart)) if apart else shared_rows
+        return [read(uris) for uris, _ in listed]
 
     def _pinned(self, name: str, version: int) -> DataFrame:
         """Source ``name`` at ``version``: one DataFrame for all the terms and steps that read that
@@ -552,13 +585,13 @@ class SnapshotDesired(Desired):
             groups = reduce(DataFrame.unionByName, [
                 feeds.rows[name].where(F.col(TIME) == time)
                 .select(*(F.col(c).alias(f"_group_{i}") for i, c in enumerate(keys[name]))) for name in moved]).distinct()
-            for diff, at in ((1, time), (-1, time - 1)):
-                versions, restricted = self.timeline.versions(at), {}
-                for name, columns in keys.items():
-                    rows = self._source_read(name, versions[name], [
-                        (column, *cut) for column, cut in zip(columns, cuts) if cut is not None], feeds)
-                    restricted[name] = in_groups(rows, groups, columns, feeds.small)
-                parts.append(self._as_updates(self._query({**self._unread_rows, **restricted}), time, diff))
+            after, before, restricted = self.timeline.versions(time), self.timeline.versions(time - 1), {}
+            for name, columns in keys.items():
+                restricted[name] = self._in_groups_after_and_before(name, (after[name], before[name]), [
+                    (column, *cut) for column, cut in zip(columns, cuts) if cut is not None], groups, feeds)
+            for i, diff in enumerate((1, -1)):
+                rows = {name: pair[i] for name, pair in restricted.items()}
+                parts.append(self._as_updates(self._query({**self._unread_rows, **rows}), time, diff))
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         changes = held_changes(updates, times[0], self.view.key, reads=True, few=feeds.small)
         return replace(changes, reads=self._named(changes.reads + tuple(feeds.listed_reads)))
@@ -658,6 +691,14 @@ class SnapshotDesired(Desired):
         if self._maintained and self.auto is None:  # back to the sources' changes next time
             self._previous = self._previous_time = None
         return updates
+
+
+def _within(rows: DataFrame, cuts: list[tuple[str, list[tuple], bool]]) -> DataFrame:
+    """``rows`` where each ``(column, ranges, nulls)`` of ``cuts`` lies in its ranges (or is null,
+    with ``nulls``)."""
+    for column, ranges, nulls in cuts:
+        rows = pruned(rows, column, ranges, nulls)
+    return rows
 
 
 def with_views(rows: dict[str, DataFrame], views: tuple[ViewQuery, ...]) -> dict[str, DataFrame]:
