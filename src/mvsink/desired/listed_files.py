@@ -85,11 +85,17 @@ def files_in_ranges(path: str, actions: pa.Table, schema: T.StructType,
     return [file_uri(path, p) for p, kept in zip(paths, keep) if kept]
 
 
+def readable(schema: T.StructType) -> bool:
+    """Whether rows of ``schema`` are read from their files here: not where it has a
+    ``CHAR``/``VARCHAR`` column, whose reads Spark pads by the schema's metadata (left to Delta's
+    reader)."""
+    return _CHAR_VARCHAR not in schema.json()
+
+
 def read_files(spark: SparkSession, uris: list[str], schema: T.StructType) -> DataFrame | None:
     """The rows of the Parquet files ``uris`` in ``schema`` (no file: no rows); None where the
-    schema has a ``CHAR``/``VARCHAR`` column, whose reads Spark pads by the schema's metadata: left
-    to Delta's reader."""
-    if _CHAR_VARCHAR in schema.json():
+    schema is not :func:`readable` here."""
+    if not readable(schema):
         return None
     if not uris:
         return spark.createDataFrame([], schema)

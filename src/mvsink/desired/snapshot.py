@@ -51,7 +51,7 @@ from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_k
                                  reads_each_once)
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
-from mvsink.desired.listed_files import add_actions, files_in_ranges, prunes, read_files
+from mvsink.desired.listed_files import add_actions, files_in_ranges, prunes, read_files, readable
 from mvsink.desired.per_group import PerGroup, in_groups, per_group
 from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
@@ -83,11 +83,13 @@ class SourceFeeds:
     nulls: dict[tuple[str, str], bool]
     #: Each change's ``(time, diff)`` pairs that have rows.
     present: dict[str, set[tuple[int, int]]]
-    #: The sources' files listed and their rows (:meth:`SnapshotDesired._listed`; None: read
-    #: through Delta), by source, version and ranges (the inserted and deleted rows' terms share
-    #: one), and what each read.
-    listed: dict[tuple, tuple[list[str], DataFrame] | None] = field(default_factory=dict)
+    #: The sources' files listed (:meth:`SnapshotDesired._listed`; None: read through Delta), by
+    #: source, version and ranges, and what each listing read.
+    listed: dict[tuple, list[str] | None] = field(default_factory=dict)
     listed_reads: list[SourceRead] = field(default_factory=list)
+    #: The rows of each listing read whole, one DataFrame for the terms that share it (a join's
+    #: inserted and deleted rows'), by the same keys.
+    listed_rows: dict[tuple, DataFrame] = field(default_factory=dict)
 
 
 class SnapshotDesired(Desired):
@@ -461,32 +463,33 @@ class SnapshotDesired(Desired):
         """Source ``name`` at ``version`` where each ``(column, ranges, nulls)`` of ``cuts`` lies in
         its ranges (or is null, with ``nulls``): read from the files :meth:`_listed`, else through
         Delta's data skipping."""
-        listed = self._listed(name, version, cuts, feeds)
-        return _within(listed[1] if listed is not None else self._pinned(name, version), cuts)
+        uris = self._listed(name, version, cuts, feeds)
+        if uris is None:
+            return _within(self._pinned(name, version), cuts)
+        key = _listing(name, version, cuts)
+        if key not in feeds.listed_rows:
+            feeds.listed_rows[key] = read_files(self._session(), uris, self._pinned(name, version).schema)
+        return _within(feeds.listed_rows[key], cuts)
 
     def _listed(self, name: str, version: int, cuts: list[tuple[str, list[tuple], bool]],
-                feeds: SourceFeeds) -> tuple[list[str], DataFrame] | None:
-        """The files of source ``name`` at ``version`` that can hold rows in ``cuts`` and their rows
-        (not cut), listed by :mod:`~mvsink.desired.listed_files` (with no Spark job preparing the
-        scan); None where the table does not allow it or the listing does not prune every column of
-        ``cuts``. One listing and read per step for each source, version and cuts (a join's inserted
-        and deleted rows' terms share it)."""
-        key = (name, version, tuple((column, tuple(ranges), nulls) for column, ranges, nulls in cuts))
+                feeds: SourceFeeds) -> list[str] | None:
+        """The files of source ``name`` at ``version`` that can hold rows in ``cuts``, listed by
+        :mod:`~mvsink.desired.listed_files` (with no Spark job preparing the scan); None where the
+        table or its schema does not allow it or the listing does not prune every column of
+        ``cuts``. One listing per step for each source, version and cuts."""
+        key = _listing(name, version, cuts)
         if key not in feeds.listed:
             feeds.listed[key] = None
             schema = self._pinned(name, version).schema
             # a string column's ranges Delta prunes (by prefix), the listing does not: read through Delta
-            listable = all(prunes(schema[column].dataType) for column, _, _ in cuts)
+            listable = readable(schema) and all(prunes(schema[column].dataType) for column, _, _ in cuts)
             if listable and (name, version) not in self._add_actions:
                 self._add_actions[name, version] = add_actions(self.sources[name], version)
             actions = self._add_actions[name, version] if listable else None
             if actions is not None:
-                uris = files_in_ranges(self.sources[name], actions, schema, cuts)
-                rows = read_files(self._session(), uris, schema)
-                if rows is not None:
-                    feeds.listed[key] = uris, rows
-                    feeds.listed_reads.append(SourceRead(spark_uri(self.sources[name]), version, len(uris),
-                                                         actions.num_rows))
+                feeds.listed[key] = files_in_ranges(self.sources[name], actions, schema, cuts)
+                feeds.listed_reads.append(SourceRead(spark_uri(self.sources[name]), version, len(feeds.listed[key]),
+                                                     actions.num_rows))
         return feeds.listed[key]
 
     def _in_groups_after_and_before(self, name: str, versions: tuple[int, int],
@@ -503,7 +506,7 @@ class SnapshotDesired(Desired):
         if None in listed or len(schemas) > 1:
             return [in_groups(self._source_read(name, version, cuts, feeds), groups, columns, feeds.small)
                     for version in versions]
-        (schema,), shared = schemas, set(listed[0][0]) & set(listed[1][0])
+        (schema,), shared = schemas, set(listed[0]) & set(listed[1])
 
         def in_files(uris: set[str]) -> DataFrame:
             return in_groups(_within(read_files(self._session(), sorted(uris), schema), cuts), groups, columns, feeds.small)
@@ -514,7 +517,7 @@ class SnapshotDesired(Desired):
             if shared_rows is None:
                 return in_files(apart)
             return shared_rows.unionByName(in_files(apart)) if apart else shared_rows
-        return [read(uris) for uris, _ in listed]
+        return [read(uris) for uris in listed]
 
     def _pinned(self, name: str, version: int) -> DataFrame:
         """Source ``name`` at ``version``: one DataFrame for all the terms and steps that read that
@@ -691,6 +694,11 @@ class SnapshotDesired(Desired):
         if self._maintained and self.auto is None:  # back to the sources' changes next time
             self._previous = self._previous_time = None
         return updates
+
+
+def _listing(name: str, version: int, cuts: list[tuple[str, list[tuple], bool]]) -> tuple:
+    """The key of source ``name``'s listing at ``version`` for ``cuts`` (:attr:`SourceFeeds.listed`)."""
+    return name, version, tuple((column, tuple(ranges), nulls) for column, ranges, nulls in cuts)
 
 
 def _within(rows: DataFrame, cuts: list[tuple[str, list[tuple], bool]]) -> DataFrame:
