@@ -1,4 +1,4 @@
-"""TPC-H views kept by mvsink, overwrite and MERGE: Q3-like, Q1, Q5, Q10, Q13's inner query, and two more.
+"""TPC-H views kept by mvsink, overwrite and MERGE: Q3-like, Q1, Q5, Q10, Q13 and its inner query, and two more.
 
 Workload: the tables the ``--query`` reads, from ``tpchgen-cli`` at ``--scale`` (default 1), loaded
 into Delta tables (change data feed on), each laid out by its key (``repartitionByRange``: orders
@@ -15,6 +15,8 @@ range of keys). The views, each keyed by the group-by columns that identify its 
   ``c_custkey``);
 * ``q13``: the inner query of TPC-H Q13, every customer's count of orders (a left outer join, zero
   for none; key ``c_custkey``): a key join, recomputed per key;
+* ``q13dist``: TPC-H Q13 itself, without its ``ORDER BY``: how many customers have each count of
+  orders (an aggregate over ``q13``; key ``c_count``): a linear aggregate of the per-key recompute;
 * ``lines``: per order, its lines' highest price, first ship date and distinct suppliers (min, max,
   ``count(DISTINCT ...)`` over lineitem; key ``l_orderkey``): recomputed per group;
 * ``custorders``: a view over an aggregate view, every customer with its orders' count, last date
@@ -41,7 +43,7 @@ contender is timed doing the wrong thing.
 With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
-Run: ``python benchmarks/bench_tpch.py [--query q3|q1|q5|q10|q13|lines|custorders] [--scale 1] [--rounds 5]
+Run: ``python benchmarks/bench_tpch.py [--query q3|q1|q5|q10|q13|q13dist|lines|custorders] [--scale 1] [--rounds 5]
 [--changed-orders N] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
@@ -99,6 +101,13 @@ SELECT c_custkey, count(o_orderkey) AS c_count
 FROM customer LEFT OUTER JOIN orders ON c_custkey = o_custkey AND o_comment NOT LIKE '%special%requests%'
 GROUP BY c_custkey
 """, ("c_custkey",), ("customer", "orders")),
+    "q13dist": ("""
+SELECT c_count, count(*) AS custdist FROM (
+  SELECT c_custkey, count(o_orderkey) AS c_count
+  FROM customer LEFT OUTER JOIN orders ON c_custkey = o_custkey AND o_comment NOT LIKE '%special%requests%'
+  GROUP BY c_custkey)
+GROUP BY c_count
+""", ("c_count",), ("customer", "orders")),
     "lines": ("""
 SELECT l_orderkey, max(l_extendedprice) AS top_price, min(l_shipdate) AS first_ship,
        count(DISTINCT l_suppkey) AS suppliers

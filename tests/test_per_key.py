@@ -14,6 +14,7 @@ from helpers import create_source, edit_customers, edit_orders, insert, maintain
 from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition
 from mvsink.desired import changes as changes_module
 from mvsink.desired import snapshot
+from mvsink.desired.linear_aggregate import aggregate_of_groups
 from mvsink.desired.per_group import PerGroup, per_group
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN
 
@@ -106,6 +107,75 @@ def test_which_queries_are_key_joins(spark, unchanged_sources, sql, keys):
     assert shape == (PerGroup(keys) if keys else None)
     if keys is not None:  # the shape checked over the sources first
         assert per_group(over_sources, TABLE_SCAN) is not None
+
+
+#: Linear aggregates over per-group queries: TPC-H Q13's shape (customers by their count of orders,
+#: an aggregate of an aggregate of a left join), an aggregate over an outer join grouped by a column
+#: of the padded side, and an aggregate of an aggregate of one source.
+BY_ORDER_COUNT = ("SELECT n, count(*) AS customers, sum(cust) AS custs FROM (SELECT c.cust, count(o.id) AS n "
+                  "FROM customers c LEFT JOIN orders o ON c.cust = o.cust GROUP BY c.cust) GROUP BY n")
+BY_SEGMENT = ("SELECT c.segment, count(o.id) AS orders, sum(o.amount) AS amount, avg(o.amount) AS mean, "
+              "count(*) AS n FROM orders o LEFT JOIN customers c ON o.cust = c.cust GROUP BY c.segment")
+BY_TOP = "SELECT top, count(*) AS n FROM (SELECT cust, max(amount) AS top FROM orders GROUP BY cust) GROUP BY top"
+
+
+@pytest.mark.parametrize("sql, keys", [
+    (BY_ORDER_COUNT, {"customers": ("cust",), "orders": ("cust",)}),
+    (BY_SEGMENT, BY_CUST),
+    (BY_TOP, {"orders": ("cust",)}),
+    ("SELECT n, max(cust) AS m FROM (SELECT c.cust, count(o.id) AS n FROM customers c LEFT JOIN orders o "
+     "ON c.cust = o.cust GROUP BY c.cust) GROUP BY n", None),                # max over it: not linear
+    ("SELECT c.segment, sum(CAST(o.amount AS DOUBLE)) AS s FROM orders o LEFT JOIN customers c "
+     "ON o.cust = c.cust GROUP BY c.segment", None),                         # a float sum over it
+    ("SELECT top, count(*) AS n FROM (SELECT o.cust, max(o.amount) AS top FROM orders o JOIN payments p "
+     "ON o.id = p.paid GROUP BY o.cust) GROUP BY top", None),               # its groups are not the join's key
+    ("SELECT c.segment, count(*) AS n FROM orders o LEFT JOIN customers c ON o.cust < c.cust "
+     "GROUP BY c.segment", None),                                            # over a non-equi join
+], ids=["by-order-count", "by-segment", "by-top", "max-over", "float-sum-over", "over-groups-not-keys", "over-non-equi"])
+def test_which_queries_are_linear_aggregates_of_groups(spark, unchanged_sources, sql, keys):
+    """A linear aggregate over a per-group query, over rows held in Spark, each source read once,
+    as a view checks it (and over the sources first)."""
+    sources = unchanged_sources
+    for name, path in sources.items():
+        spark.read.format("delta").load(path).createOrReplaceTempView(name)
+    shape_over_sources = aggregate_of_groups(spark.sql(sql), TABLE_SCAN)
+    held = {}
+    for name in sources:
+        held[name] = spark.table(name).limit(0).localCheckpoint(eager=True)
+        held[name].createOrReplaceTempView(name)
+    names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+    aggregate, shape = aggregate_of_groups(spark.sql(sql), HELD_ROWS, names)
+    assert shape == (PerGroup(keys) if keys else None)
+    assert (aggregate is not None) == (keys is not None) == (shape_over_sources[0] is not None)
+    assert per_group(spark.sql(sql), HELD_ROWS, names) is None  # not per-group itself
+
+
+@pytest.mark.parametrize("sql, key, without_feed", [
+    (BY_ORDER_COUNT, ("n",), ()),
+    (BY_SEGMENT, (), ("customers",)),                 # a null segment: orders of no customer
+    (BY_TOP, ("top",), ("orders",)),
+], ids=["by-order-count", "by-segment-customers-no-feed", "by-top-orders-no-feed"])
+def test_linear_aggregates_of_groups_equal_the_full_evaluation_at_every_time(spark, tmp_path, strategies, sql, key,
+                                                                            without_feed):
+    """As the key joins' test above: at every time the view equals the full evaluation, every range
+    moved the aggregate's groups by the inner query's changed groups, recomputed."""
+    rng = random.Random(37)
+    sources = {name: path for name, path in _sources(spark, tmp_path, rng).items() if name != "payments"}
+    for name in without_feed:
+        spark.sql(f"ALTER TABLE delta.`{sources[name]}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
+    next_id = [100]
+
+    def edit() -> None:
+        if rng.random() < 0.7:
+            edit_orders(spark, sources["orders"], rng, next_id, KEYS)
+        if rng.random() < 0.5:
+            edit_customers(spark, sources["customers"], rng, KEYS)
+
+    view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng, key=key)
+    desired = view.desired
+    assert desired.aggregate is not None and desired.per_group is not None and desired._previous is None
+    inner = "per-key recompute" if desired.per_group.joins else "per-group recompute"
+    assert strategies and set(strategies) == {f"linear aggregate of {inner}"}, strategies
 
 
 def _edit_payments(spark, src: str, rng: random.Random) -> None:

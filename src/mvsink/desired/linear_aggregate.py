@@ -3,8 +3,10 @@
 A query is a linear aggregate when its optimized logical plan is one ``Aggregate`` that groups by
 columns (at least one) and computes only ``count(*)``, ``count(column)``, and ``sum`` and ``avg`` of
 an integral or decimal column or expression of its input, over a row-wise query
-(:mod:`mvsink.desired.row_wise`: projections and filters of one scan) or an inner join (or union
-all) of several sources (:mod:`mvsink.desired.join`); ``SELECT DISTINCT`` and ``UNION`` are such
+(:mod:`mvsink.desired.row_wise`: projections and filters of one scan), an inner join (or union
+all) of several sources (:mod:`mvsink.desired.join`), or a per-group query
+(:mod:`mvsink.desired.per_group`: an aggregate of an aggregate, an aggregate over an outer join:
+:func:`aggregate_of_groups`); ``SELECT DISTINCT`` and ``UNION`` are such
 aggregates with no aggregate column: a row is there while its count is not 0. Each output column is a grouping column or one such
 aggregate.
 
@@ -14,7 +16,8 @@ count ``n``, and per output column its count or its sum with the count of its no
 (a sum of none is null; an average is that sum divided by that count as Spark divides them:
 :class:`Average`). The state at a time plus the aggregates of the sources' changes (the row-wise
 part applied to inserted rows at +1 and deleted rows at -1; for a join, its terms of the delta
-rule) is the state at the next time, computed in one grouping of both; the group's output row
+rule; for a per-group query, its rows of the changed groups recomputed after at +1 and before at
+-1, which differ from its change only by rows that cancel) is the state at the next time, computed in one grouping of both; the group's output row
 before and after is its change (-1, +1; a group whose count falls to 0 is gone). The work follows
 the change and the groups, not the source. Sums and averages of floating point (order-dependent),
 min/max, distinct aggregates, an expression of an aggregate, ``HAVING`` and aggregates without
@@ -39,6 +42,7 @@ from pyspark.sql.classic.column import Column as ClassicColumn
 
 from mvsink.desired.changes import touched_values
 from mvsink.desired.join import plan_is_inner_join
+from mvsink.desired.per_group import PerGroup, per_group
 from mvsink.desired.row_wise import plan_is_row_wise, plan_reads_subqueries
 from mvsink.updates import DIFF
 
@@ -300,10 +304,29 @@ def linear_aggregate(result: DataFrame, scan: str, sources: int = 1) -> LinearAg
     """The shape of ``result`` (a query over ``sources`` ``scan`` leaves) if it is a linear
     aggregate."""
     plan = result._jdf.queryExecution().optimizedPlan()
-    if plan.nodeName() != "Aggregate" or not plan.deterministic() or plan_reads_subqueries(result, plan):
+    if plan.nodeName() != "Aggregate":
         return None
     child = plan.child()
     if not (plan_is_row_wise(child, scan) if sources == 1 else plan_is_inner_join(child, scan, sources)):
+        return None
+    return aggregate_shape(result)
+
+
+def aggregate_of_groups(result: DataFrame, scan: str, names: dict[int, str] | None = None
+                        ) -> tuple[LinearAggregate, PerGroup] | tuple[None, None]:
+    """The shape of ``result`` if it is a linear aggregate over a per-group query (an aggregate of
+    an aggregate, an aggregate over an outer join: :func:`~mvsink.desired.per_group.per_group`
+    over ``scan`` leaves, named by ``names``), and that query's shape; else ``(None, None)``."""
+    shape = aggregate_shape(result)
+    inner = per_group(shape.aggregate_input(result), scan, names) if shape is not None else None
+    return (shape, inner) if inner is not None else (None, None)
+
+
+def aggregate_shape(result: DataFrame) -> LinearAggregate | None:
+    """The shape of ``result`` if its optimized plan is a linear ``Aggregate`` over any input
+    (deterministic, reading no subquery): the caller says how that input's changes are had."""
+    plan = result._jdf.queryExecution().optimizedPlan()
+    if plan.nodeName() != "Aggregate" or not plan.deterministic() or plan_reads_subqueries(result, plan):
         return None
     groups = []
     for expr in _seq(plan.groupingExpressions()):

@@ -12,7 +12,8 @@ aggregates of the source's changes. Another aggregate of one source grouped by i
 max, distinct counts, percentiles: :mod:`mvsink.desired.per_group`) is recomputed for
 the groups the source's changes touch, before and after; so is a *key join* (outer, semi and anti
 joins of sources by a key every join equates, or an aggregate over one grouped by the key), for the
-keys the sources' changes touch. Any other query is evaluated once per such
+keys the sources' changes touch. A linear aggregate over either of those keeps its groups' state and
+moves it by those recomputed rows. Any other query is evaluated once per such
 time, emitting where consecutive results differ: the new result at +1 and the last at -1,
 consolidated (each distinct row's count difference, exactly a multiset difference both ways, in one
 shuffle); the last result is kept in Spark (a local checkpoint, which spills to disk), never on the
@@ -50,7 +51,7 @@ from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes
 from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
                                  reads_each_once)
 from mvsink.desired.key_check import unique_keys
-from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, linear_aggregate
+from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, aggregate_of_groups, linear_aggregate
 from mvsink.desired.listed_files import add_actions, files_in_ranges, prunes, read_files, readable
 from mvsink.desired.per_group import PerGroup, in_groups, per_group
 from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
@@ -131,25 +132,28 @@ class SnapshotDesired(Desired):
         #: them at a time (``(time, unique)``, None: not known), see :meth:`_source_keys_unique`.
         self._source_key = passed_through(over_held, view.key) if self.row_wise and view.key else None
         self._source_keys_known: tuple[int, bool] | None = None
-        if self.aggregate is not None and (
+        if self.per_group is not None:  # its sources named, each read once
+            by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+            if self.aggregate is None:
+                self.per_group = per_group(over_held, HELD_ROWS, by_rdd)
+            else:  # a linear aggregate over a per-group query: the same aggregate over the held rows
+                shape, inner = aggregate_of_groups(over_held, HELD_ROWS, by_rdd)
+                self.aggregate, self.per_group = (shape, inner) if shape == self.aggregate else (None, None)
+        elif self.aggregate is not None and (
                 linear_aggregate(over_held, HELD_ROWS, len(self.read)) != self.aggregate
                 or len(self.read) > 1 and not reads_each_once(over_held, list(read_held.values()))):
             self.aggregate = None
-        if self.per_group is not None:  # its sources named, each read once
-            by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
-            self.per_group = per_group(over_held, HELD_ROWS, by_rdd)
         self._apply_refresh_policy()
         #: Under ``auto``, whether a step of a maintained query evaluates it in full instead (None: no choice).
         self.auto = (AutoRefresh(view.view_id) if self.input.refresh == "auto" and self._maintained and not self.row_wise
                      else None)
         #: For a join (or an aggregate over one): per source, the other sources it equals columns
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
-        self._join_keys = (join_keys(over_held, read_held) if len(self.read) > 1 and (self.join or self.aggregate)
-                           else {})
+        by_joins = len(self.read) > 1 and (self.join or self.aggregate) and self.per_group is None
+        self._join_keys = join_keys(over_held, read_held) if by_joins else {}
         #: For a union all (or an aggregate over one): per source, the sources apart from it (no branch
         #: joins them, :func:`~mvsink.desired.join.apart_sources`), read as no rows (``_no_rows``) in its terms.
-        self._apart = (apart_sources(over_held, read_held) if len(self.read) > 1 and (self.join or self.aggregate)
-                       else {})
+        self._apart = apart_sources(over_held, read_held) if by_joins else {}
         self._no_rows = read_held if any(self._apart.values()) else {}
         #: The other sides' reads by source and version (see :meth:`_pinned`), and their files'
         #: add actions where delta-rs lists them (:func:`~mvsink.desired.listed_files.add_actions`).
@@ -164,6 +168,13 @@ class SnapshotDesired(Desired):
         by ``mvsink explain``)."""
         if self.row_wise:
             return "its query is row-wise: its changes are the query over the source's changes"
+        if self.aggregate is not None and self.per_group is not None:
+            over, touched = (("a key join of its sources (an outer join, or an aggregate grouped by the key)", "keys")
+                             if self.per_group.joins else ("an aggregate of one source grouped by its columns", "groups"))
+            keys = ", ".join(f"{name}.({', '.join(columns)})" for name, columns in self.per_group.keys.items())
+            return (f"its query is a linear aggregate over {over}: its groups are moved by that query's rows of "
+                    f"the {touched} the sources' changes touch, recomputed before and after; each source read only "
+                    f"where its columns meet the changes' ({keys})")
         if self.per_group is not None and not self.per_group.joins:
             (columns,) = self.per_group.keys.values()
             return ("its query is an aggregate of one source grouped by its columns: its changes are the groups "
@@ -194,6 +205,11 @@ class SnapshotDesired(Desired):
         elif any(len(self._apart.get(name, ())) < len(self.read) - 1 for name in self.read):  # some join
             described += "; the other sides read whole (no equality of plain columns of one type to prune them by)"
         return described
+
+    @property
+    def _aggregate_strategy(self) -> str:
+        """A linear aggregate's strategy, as a step reports it."""
+        return "linear aggregate" if self.per_group is None else f"linear aggregate of {self.per_group.strategy}"
 
     def _why_full(self) -> str:
         """Why the query is evaluated in full: its policy, or what stops every strategy."""
@@ -268,6 +284,8 @@ class SnapshotDesired(Desired):
         self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.read)) if self.read else None
         if self.aggregate is None and not self.join:
             self.per_group = per_group(result, TABLE_SCAN)
+            if self.per_group is None and self.read:
+                self.aggregate, self.per_group = aggregate_of_groups(result, TABLE_SCAN)
         return result.schema
 
     def _held_rows(self) -> dict[str, DataFrame]:
@@ -323,7 +341,7 @@ class SnapshotDesired(Desired):
         if not times:
             return None
         strategy, from_feed = (("row-wise", self._row_wise_changes) if self.row_wise
-                               else ("linear aggregate", self._aggregate_changes) if self.aggregate is not None
+                               else (self._aggregate_strategy, self._aggregate_changes) if self.aggregate is not None
                                else ("union all" if self._no_rows else "inner join", self._join_changes) if self.join
                                else (self.per_group.strategy, self._per_group_changes) if self.per_group is not None
                                else (None, None))
@@ -531,7 +549,8 @@ class SnapshotDesired(Desired):
 
     def _aggregate_changes(self, times: list[int]) -> Changes:
         """Per time, the groups' state moved by the sources' changes (the aggregate's input over
-        each term of :meth:`_change_terms`, with its diff), and the moved groups' output rows before (-1)
+        each term of :meth:`_change_terms`, with its diff; over a per-group query, of
+        :meth:`_group_terms`: its changed groups' rows after and before), and the moved groups' output rows before (-1)
         and after (+1), see :mod:`mvsink.desired.linear_aggregate`. Each time's new state and its updates
         are held by one Spark job, which also counts them (in one task where the feed and the
         groups are small); where distinct groups have distinct rows, the updates are consolidated
@@ -544,9 +563,11 @@ class SnapshotDesired(Desired):
         # held: read once for all the times, and a query over held rows keeps its Aggregate (over
         # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
         feeds = self._source_feeds(times)
+        group_cuts = self._group_ranges(feeds) if self.per_group is not None else None
         parts, key_moving, size, key_moves, executed, cuts = [], [], 0, False, [], []
         for time in times:
-            terms = self._change_terms(time, feeds)
+            terms = (self._change_terms(time, feeds) if group_cuts is None
+                     else self._group_terms(time, feeds, group_cuts))
             if not terms:  # no change at this time joins anything: the groups stay
                 self._state_time = time
                 continue
@@ -575,29 +596,37 @@ class SnapshotDesired(Desired):
 
     def _per_group_changes(self, times: list[int]) -> Changes:
         """Per time, the query over the sources at its versions (+1) and at the versions before
-        (-1), each source restricted to the groups of the sources' rows changed at that time,
-        consolidated (see :mod:`mvsink.desired.per_group`); each source is read where its group
-        columns lie in the ranges of the step's changed values of every source (or are null, where
-        some is), then exactly in the time's groups."""
-        feeds, keys, parts = self._source_feeds(times), self.per_group.keys, []
+        (-1), each restricted to the time's changed groups (:meth:`_group_terms`), consolidated
+        (see :mod:`mvsink.desired.per_group`)."""
+        feeds = self._source_feeds(times)
         cuts = self._group_ranges(feeds)
-        for time in times:
-            moved = [name for name in keys if name in feeds.rows and {(time, 1), (time, -1)} & feeds.present[name]]
-            if not moved:
-                continue
-            groups = reduce(DataFrame.unionByName, [
-                feeds.rows[name].where(F.col(TIME) == time)
-                .select(*(F.col(c).alias(f"_group_{i}") for i, c in enumerate(keys[name]))) for name in moved]).distinct()
-            after, before, restricted = self.timeline.versions(time), self.timeline.versions(time - 1), {}
-            for name, columns in keys.items():
-                restricted[name] = self._in_groups_after_and_before(name, (after[name], before[name]), [
-                    (column, *cut) for column, cut in zip(columns, cuts) if cut is not None], groups, feeds)
-            for i, diff in enumerate((1, -1)):
-                rows = {name: pair[i] for name, pair in restricted.items()}
-                parts.append(self._as_updates(self._query({**self._unread_rows, **rows}), time, diff))
+        parts = [self._as_updates(result, time, diff)
+                 for time in times for diff, result in self._group_terms(time, feeds, cuts)]
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         changes = held_changes(updates, times[0], self.view.key, reads=True, few=feeds.small)
         return replace(changes, reads=self._named(changes.reads + tuple(feeds.listed_reads)))
+
+    def _group_terms(self, time: int, feeds: SourceFeeds, cuts: list[tuple[list[tuple], bool] | None]
+                     ) -> list[tuple[int, DataFrame]]:
+        """The per-group query's change at ``time`` as terms ``(diff, result)``: the query over the
+        sources at the time's versions (+1) and at the versions before (-1), each source restricted
+        to the groups of the sources' rows changed at that time; none where no source's rows did.
+        Each source is read where its group columns lie in ``cuts`` (:meth:`_group_ranges`, the
+        ranges of the step's changed values of every source, or null, where some is), then
+        exactly in the time's groups."""
+        keys = self.per_group.keys
+        moved = [name for name in keys if name in feeds.rows and {(time, 1), (time, -1)} & feeds.present[name]]
+        if not moved:
+            return []
+        groups = reduce(DataFrame.unionByName, [
+            feeds.rows[name].where(F.col(TIME) == time)
+            .select(*(F.col(c).alias(f"_group_{i}") for i, c in enumerate(keys[name]))) for name in moved]).distinct()
+        after, before, restricted = self.timeline.versions(time), self.timeline.versions(time - 1), {}
+        for name, columns in keys.items():
+            restricted[name] = self._in_groups_after_and_before(name, (after[name], before[name]), [
+                (column, *cut) for column, cut in zip(columns, cuts) if cut is not None], groups, feeds)
+        return [(diff, self._query({**self._unread_rows, **{name: pair[i] for name, pair in restricted.items()}}))
+                for i, diff in enumerate((1, -1))]
 
     def _group_ranges(self, feeds: SourceFeeds) -> list[tuple[list[tuple], bool] | None]:
         """Per group column (by its place in :attr:`per_group`'s keys): the ranges covering the
