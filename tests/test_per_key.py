@@ -2,7 +2,8 @@
 key every join equates, and aggregates over them grouped by the key. Which queries are, and that
 their changes (the keys the sources' changes touch, recomputed before and after) equal the full
 evaluation at every time over random commits to every source; that a step reads only the changed
-keys' files; and the strategy the view reports, explains and is refused without."""
+keys' files; and the strategy the view reports, explains and is refused without. Linear aggregates
+over such queries and over linear aggregates (rollups), the same way."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from helpers import create_source, edit_customers, edit_orders, insert, maintain
 from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition
 from mvsink.desired import changes as changes_module
 from mvsink.desired import snapshot
-from mvsink.desired.linear_aggregate import aggregate_of_groups
+from mvsink.desired.linear_aggregate import aggregate_of_aggregate, aggregate_of_groups
 from mvsink.desired.per_group import PerGroup, per_group
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN
 
@@ -150,15 +151,51 @@ def test_which_queries_are_linear_aggregates_of_groups(spark, unchanged_sources,
     assert per_group(spark.sql(sql), HELD_ROWS, names) is None  # not per-group itself
 
 
-@pytest.mark.parametrize("sql, key, without_feed", [
-    (BY_ORDER_COUNT, ("n",), ()),
-    (BY_SEGMENT, (), ("customers",)),                 # a null segment: orders of no customer
-    (BY_TOP, ("top",), ("orders",)),
-], ids=["by-order-count", "by-segment-customers-no-feed", "by-top-orders-no-feed"])
-def test_linear_aggregates_of_groups_equal_the_full_evaluation_at_every_time(spark, tmp_path, strategies, sql, key,
-                                                                            without_feed):
-    """As the key joins' test above: at every time the view equals the full evaluation, every range
-    moved the aggregate's groups by the inner query's changed groups, recomputed."""
+#: Rollups: a linear aggregate of a linear aggregate, over an inner join and over one source.
+ROLLUP = ("SELECT segment, sum(total) AS total, count(*) AS custs, sum(n) AS n FROM (SELECT c.cust, c.segment, "
+          "sum(o.amount) AS total, count(*) AS n FROM orders o JOIN customers c ON o.cust = c.cust "
+          "GROUP BY c.cust, c.segment) GROUP BY segment")
+HISTOGRAM = "SELECT n, count(*) AS custs FROM (SELECT cust, count(*) AS n FROM orders GROUP BY cust) GROUP BY n"
+
+
+@pytest.mark.parametrize("sql, rollup", [
+    (ROLLUP, True),
+    (HISTOGRAM, True),
+    ("SELECT segment, sum(total * 2) AS t FROM (SELECT c.segment, sum(o.amount) AS total FROM orders o "
+     "JOIN customers c ON o.cust = c.cust GROUP BY c.cust, c.segment) GROUP BY segment", False),  # an expression above
+    ("SELECT n, count(*) AS k FROM (SELECT cust, sum(CAST(amount AS DOUBLE)) AS n FROM orders GROUP BY cust) "
+     "GROUP BY n", False),                                                   # a float sum below
+    (BY_ORDER_COUNT, False),                                                 # a left join below: of groups
+], ids=["rollup", "histogram", "expression-above", "float-sum-below", "left-join-below"])
+def test_which_queries_are_rollups(spark, tmp_path, unchanged_sources, sql, rollup):
+    """A linear aggregate of a linear aggregate, as the view takes it: rollups only, and preferred
+    to recomputing the groups below (the histogram's is an aggregate of one source too)."""
+    view = MaterializedView(spark, ViewDefinition("v", str(tmp_path / "v"), SnapshotInput(sql=sql),
+                                                  sources=unchanged_sources, replica_id="r1"))
+    for name, path in unchanged_sources.items():
+        spark.read.format("delta").load(path).createOrReplaceTempView(name)
+    assert (aggregate_of_aggregate(spark.sql(sql), TABLE_SCAN, len(view.desired.read))[1] is not None) == rollup
+    assert (view.desired.below is not None) == rollup
+    if rollup:
+        assert view.desired.per_group is None and "a linear aggregate of a linear aggregate" in \
+            view.desired.strategy_description()
+
+
+@pytest.mark.parametrize("sql, key, without_feed, strategy", [
+    (BY_ORDER_COUNT, ("n",), (), "per-key recompute"),
+    (BY_SEGMENT, (), ("customers",), "per-key recompute"),  # a null segment: orders of no customer
+    (BY_TOP, ("top",), ("orders",), "per-group recompute"),
+    (ROLLUP, ("segment",), (), "linear aggregate"),
+    (HISTOGRAM, ("n",), ("orders",), "linear aggregate"),
+], ids=["by-order-count", "by-segment-customers-no-feed", "by-top-orders-no-feed", "rollup-over-join",
+        "histogram-orders-no-feed"])
+def test_aggregates_of_aggregates_equal_the_full_evaluation_at_every_time(spark, tmp_path, strategies, sql, key,
+                                                                          without_feed, strategy):
+    """As the key joins' test above, for a linear aggregate over a per-key or per-group query
+    (moved by its changed groups, recomputed) and over a linear aggregate (moved by the rows the
+    one below retracts and adds: groups below that appear and vanish, counts moving customers
+    between the histogram's rows): at every time the view equals the full evaluation, every range
+    moved the groups."""
     rng = random.Random(37)
     sources = {name: path for name, path in _sources(spark, tmp_path, rng).items() if name != "payments"}
     for name in without_feed:
@@ -172,10 +209,8 @@ def test_linear_aggregates_of_groups_equal_the_full_evaluation_at_every_time(spa
             edit_customers(spark, sources["customers"], rng, KEYS)
 
     view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng, key=key)
-    desired = view.desired
-    assert desired.aggregate is not None and desired.per_group is not None and desired._previous is None
-    inner = "per-key recompute" if desired.per_group.joins else "per-group recompute"
-    assert strategies and set(strategies) == {f"linear aggregate of {inner}"}, strategies
+    assert view.desired.aggregate is not None and view.desired._previous is None
+    assert strategies and set(strategies) == {f"linear aggregate of {strategy}"}, strategies
 
 
 def _edit_payments(spark, src: str, rng: random.Random) -> None:

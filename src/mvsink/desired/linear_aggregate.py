@@ -6,7 +6,8 @@ an integral or decimal column or expression of its input, over a row-wise query
 (:mod:`mvsink.desired.row_wise`: projections and filters of one scan), an inner join (or union
 all) of several sources (:mod:`mvsink.desired.join`), or a per-group query
 (:mod:`mvsink.desired.per_group`: an aggregate of an aggregate, an aggregate over an outer join:
-:func:`aggregate_of_groups`); ``SELECT DISTINCT`` and ``UNION`` are such
+:func:`aggregate_of_groups`), or another linear aggregate whose output columns it aggregates as they
+are (a rollup: :func:`aggregate_of_aggregate`); ``SELECT DISTINCT`` and ``UNION`` are such
 aggregates with no aggregate column: a row is there while its count is not 0. Each output column is a grouping column or one such
 aggregate.
 
@@ -17,7 +18,8 @@ count ``n``, and per output column its count or its sum with the count of its no
 :class:`Average`). The state at a time plus the aggregates of the sources' changes (the row-wise
 part applied to inserted rows at +1 and deleted rows at -1; for a join, its terms of the delta
 rule; for a per-group query, its rows of the changed groups recomputed after at +1 and before at
--1, which differ from its change only by rows that cancel) is the state at the next time, computed in one grouping of both; the group's output row
+-1, which differ from its change only by rows that cancel; for a rollup, the rows the state below
+retracts and adds as its own input's changes move it) is the state at the next time, computed in one grouping of both; the group's output row
 before and after is its change (-1, +1; a group whose count falls to 0 is gone). The work follows
 the change and the groups, not the source. Sums and averages of floating point (order-dependent),
 min/max, distinct aggregates, an expression of an aggregate, ``HAVING`` and aggregates without
@@ -320,6 +322,19 @@ def aggregate_of_groups(result: DataFrame, scan: str, names: dict[int, str] | No
     shape = aggregate_shape(result)
     inner = per_group(shape.aggregate_input(result), scan, names) if shape is not None else None
     return (shape, inner) if inner is not None else (None, None)
+
+
+def aggregate_of_aggregate(result: DataFrame, scan: str, sources: int = 1
+                           ) -> tuple[LinearAggregate, LinearAggregate] | tuple[None, None]:
+    """The shapes of ``result`` and of the query below its ``Aggregate`` if that is a linear
+    aggregate (a rollup: sums of sums, counts of groups) and ``result`` a linear aggregate of its
+    output columns as they are (no expression: it reads the rows the one below outputs); else
+    ``(None, None)``."""
+    outer = aggregate_shape(result)
+    if outer is None or any(out.expression is not None for out in outer.outputs):
+        return None, None
+    below = linear_aggregate(outer.aggregate_input(result), scan, sources)
+    return (outer, below) if below is not None else (None, None)
 
 
 def aggregate_shape(result: DataFrame) -> LinearAggregate | None:

@@ -13,7 +13,8 @@ max, distinct counts, percentiles: :mod:`mvsink.desired.per_group`) is recompute
 the groups the source's changes touch, before and after; so is a *key join* (outer, semi and anti
 joins of sources by a key every join equates, or an aggregate over one grouped by the key), for the
 keys the sources' changes touch. A linear aggregate over either of those keeps its groups' state and
-moves it by those recomputed rows. Any other query is evaluated once per such
+moves it by those recomputed rows; one over a linear aggregate (a rollup) keeps both states, the one
+below moving the one above. Any other query is evaluated once per such
 time, emitting where consecutive results differ: the new result at +1 and the last at -1,
 consolidated (each distinct row's count difference, exactly a multiset difference both ways, in one
 shuffle); the last result is kept in Spark (a local checkpoint, which spills to disk), never on the
@@ -51,7 +52,8 @@ from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes
 from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
                                  reads_each_once)
 from mvsink.desired.key_check import unique_keys
-from mvsink.desired.linear_aggregate import GroupStates, LinearAggregate, aggregate_of_groups, linear_aggregate
+from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_of_aggregate, aggregate_of_groups,
+                                             linear_aggregate)
 from mvsink.desired.listed_files import add_actions, files_in_ranges, prunes, read_files, readable
 from mvsink.desired.per_group import PerGroup, in_groups, per_group
 from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
@@ -112,6 +114,12 @@ class SnapshotDesired(Desired):
         self._state: DataFrame | None = None
         self._state_time: int | None = None
         self._state_groups = 0
+        #: Where the query is a linear aggregate of a linear aggregate: the one below, its state
+        #: (at ``_state_time``, as the one above) and how many groups it had at most.
+        self.below: LinearAggregate | None = None
+        self._below_groups: GroupStates | None = None
+        self._below_state: DataFrame | None = None
+        self._below_size = 0
         #: The query's shape if it is a per-group aggregate (:mod:`mvsink.desired.per_group`).
         self.per_group: PerGroup | None = None
         #: The declared sources the query reads, in the view's order (a pipeline's view declares
@@ -139,6 +147,14 @@ class SnapshotDesired(Desired):
             else:  # a linear aggregate over a per-group query: the same aggregate over the held rows
                 shape, inner = aggregate_of_groups(over_held, HELD_ROWS, by_rdd)
                 self.aggregate, self.per_group = (shape, inner) if shape == self.aggregate else (None, None)
+        elif self.below is not None:  # the same two aggregates over the held rows, the one below reading each once
+            joined = self.aggregate.aggregate_input(over_held)
+            if (aggregate_of_aggregate(over_held, HELD_ROWS, len(self.read)) != (self.aggregate, self.below)
+                    or len(self.read) > 1 and not reads_each_once(joined, list(read_held.values()))):
+                self.aggregate = self.below = None
+            else:
+                self._below_groups = GroupStates(self.below, joined.schema, ())
+                over_held = joined  # its joins' keys are the ones below
         elif self.aggregate is not None and (
                 linear_aggregate(over_held, HELD_ROWS, len(self.read)) != self.aggregate
                 or len(self.read) > 1 and not reads_each_once(over_held, list(read_held.values()))):
@@ -189,7 +205,10 @@ class SnapshotDesired(Desired):
         if self.aggregate is not None:
             over = ("each source's changes joined with the other sources" if len(self.read) > 1
                     else "the source's changes")
-            described = f"its query is a linear aggregate: its changes are its groups' changes from {over}"
+            described = (f"its query is a linear aggregate: its changes are its groups' changes from {over}"
+                         if self.below is None else
+                         "its query is a linear aggregate of a linear aggregate (a rollup): the one below moves its "
+                         f"groups by {over}, the one above its groups by the rows the one below retracts and adds")
         elif self.join and self._no_rows:
             described = ("its query is a union all (of row-wise queries and inner joins): its changes are each "
                          "source's changes joined with the other sources of its branches")
@@ -209,7 +228,9 @@ class SnapshotDesired(Desired):
     @property
     def _aggregate_strategy(self) -> str:
         """A linear aggregate's strategy, as a step reports it."""
-        return "linear aggregate" if self.per_group is None else f"linear aggregate of {self.per_group.strategy}"
+        below = (self.per_group.strategy if self.per_group is not None
+                 else "linear aggregate" if self.below is not None else None)
+        return f"linear aggregate of {below}" if below else "linear aggregate"
 
     def _why_full(self) -> str:
         """Why the query is evaluated in full: its policy, or what stops every strategy."""
@@ -221,7 +242,7 @@ class SnapshotDesired(Desired):
         """``full``: no strategy but full evaluation; ``incremental``: a query that none maintains
         is refused, naming what stops it (:mod:`mvsink.desired.refresh`)."""
         if self.input.refresh == "full":
-            self.row_wise, self.aggregate, self.join, self.per_group = False, None, False, None
+            self.row_wise, self.aggregate, self.join, self.per_group, self.below = False, None, False, None, None
         elif self.input.refresh == "incremental" and not self._maintained:
             raise ConfigError(f"view {self.view.view_id!r} has refresh incremental, but its query cannot be "
                               f"maintained from its sources' changes: {self._why_full()}; evaluate it in full "
@@ -284,7 +305,9 @@ class SnapshotDesired(Desired):
         self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.read)) if self.read else None
         if self.aggregate is None and not self.join:
             self.per_group = per_group(result, TABLE_SCAN)
-            if self.per_group is None and self.read:
+        if self.aggregate is None and self.per_group is None and not self.join and self.read:
+            self.aggregate, self.below = aggregate_of_aggregate(result, TABLE_SCAN, len(self.read))
+            if self.aggregate is None:
                 self.aggregate, self.per_group = aggregate_of_groups(result, TABLE_SCAN)
         return result.schema
 
@@ -325,8 +348,12 @@ class SnapshotDesired(Desired):
         return self._finish(self._as_updates(contents, time, 1))
 
     def _hold_state(self, time: int) -> None:
-        """The aggregate's state at ``time``, from the sources at its versions, held."""
+        """The aggregate's state at ``time`` (and the one below's), from the sources at its versions, held."""
         rows = self.aggregate.aggregate_input(self._contents(self.timeline.versions(time)))
+        if self.below is not None:
+            self._below_state, self._below_size = checkpointed(
+                self._below_groups.state(self.below.aggregate_input(rows)))
+            rows = self._below_groups.output(self._below_state)
         (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(rows)), time
 
     @property
@@ -571,8 +598,10 @@ class SnapshotDesired(Desired):
             if not terms:  # no change at this time joins anything: the groups stay
                 self._state_time = time
                 continue
-            changed = reduce(DataFrame.unionByName, [
-                groups.rows_as_state(aggregate.aggregate_input(result), diff) for diff, result in terms])
+            inputs = [(diff, aggregate.aggregate_input(result)) for diff, result in terms]
+            if self.below is not None:
+                inputs = self._moved_below(inputs, feeds.small)
+            changed = reduce(DataFrame.unionByName, [groups.rows_as_state(rows, diff) for diff, rows in inputs])
             one_task = feeds.small and self._state_groups <= ONE_TASK_GROUPS
             combined, (moved, moves, kept, *touched) = held_observing(
                 groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement(feeds.small),
@@ -593,6 +622,19 @@ class SnapshotDesired(Desired):
         ranges = (None if None in cuts else
                   ([r for ranges, _ in cuts for r in ranges], any(nulls for _, nulls in cuts)))
         return Changes(updates, size, times[0], key_moves, touched, touched_ranges=ranges, reads=reads)
+
+    def _moved_below(self, inputs: list[tuple[int, DataFrame]], small: bool) -> list[tuple[int, DataFrame]]:
+        """The linear aggregate below's output rows that its input's changed rows (``inputs``: its
+        input rows, as the query's terms give them, with their diffs) retract (-1) and add (+1):
+        its state moved by them and held (one Spark job; one task where the change is ``small``
+        and its groups few), as :meth:`_aggregate_changes` moves the one above."""
+        below, shape = self._below_groups, self.below
+        changed = reduce(DataFrame.unionByName, [below.rows_as_state(shape.aggregate_input(rows), diff)
+                                                 for diff, rows in inputs])
+        one_task = small and self._below_size <= ONE_TASK_GROUPS
+        combined, self._below_size = checkpointed(below.next_state(self._below_state, changed, one_task))
+        self._below_state, moved = below.kept_state(combined), below.updates(combined)
+        return [(1, moved.where(F.col(DIFF) > 0)), (-1, moved.where(F.col(DIFF) < 0))]
 
     def _per_group_changes(self, times: list[int]) -> Changes:
         """Per time, the query over the sources at its versions (+1) and at the versions before
