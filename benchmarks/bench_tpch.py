@@ -45,8 +45,8 @@ contender is timed doing the wrong thing.
 With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
-Run: ``python benchmarks/bench_tpch.py [--query q3|q3seg|q1|q5|q10|q13|q13dist|lines|custorders] [--scale 1] [--rounds 5]
-[--changed-orders N] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
+Run: ``python benchmarks/bench_tpch.py [--query q3|q3seg|q1|q5|q10|q13|q13dist|lines|custorders] [--scale 1]
+[--rounds 5] [--changed-orders N] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
 from __future__ import annotations

@@ -132,7 +132,8 @@ BY_TOP = "SELECT top, count(*) AS n FROM (SELECT cust, max(amount) AS top FROM o
      "ON o.id = p.paid GROUP BY o.cust) GROUP BY top", None),               # its groups are not the join's key
     ("SELECT c.segment, count(*) AS n FROM orders o LEFT JOIN customers c ON o.cust < c.cust "
      "GROUP BY c.segment", None),                                            # over a non-equi join
-], ids=["by-order-count", "by-segment", "by-top", "max-over", "float-sum-over", "over-groups-not-keys", "over-non-equi"])
+], ids=["by-order-count", "by-segment", "by-top", "max-over", "float-sum-over", "over-groups-not-keys",
+        "over-non-equi"])
 def test_which_queries_are_linear_aggregates_of_groups(spark, unchanged_sources, sql, keys):
     """A linear aggregate over a per-group query, over rows held in Spark, each source read once,
     as a view checks it (and over the sources first)."""

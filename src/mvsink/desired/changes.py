@@ -59,8 +59,9 @@ class Changes:
     #: hold them. None: not known.
     touched_ranges: tuple[list[tuple], bool] | None = None
     #: How they were computed: ``change feed`` or ``snapshot difference`` (a change-feed view),
-    #: ``row-wise``, ``linear aggregate`` (``of linear aggregate``, ``of per-group recompute``, ``of per-key recompute``),
-    #: ``per-group recompute``, ``per-key recompute``, ``inner join``, ``union all`` or ``full evaluation`` (a query view).
+    #: ``row-wise``, ``linear aggregate`` (``linear aggregate of linear aggregate``, ``of per-group
+    #: recompute``, ``of per-key recompute``), ``per-group recompute``, ``per-key recompute``,
+    #: ``inner join``, ``union all`` or ``full evaluation`` (a query view).
     strategy: str = ""
     #: The files of Delta tables the job that held them scanned (:func:`delta_reads`; the other
     #: sides of a join), where known.

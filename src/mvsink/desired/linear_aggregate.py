@@ -2,28 +2,32 @@
 
 A query is a linear aggregate when its optimized logical plan is one ``Aggregate`` that groups by
 columns (at least one) and computes only ``count(*)``, ``count(column)``, and ``sum`` and ``avg`` of
-an integral or decimal column or expression of its input, over a row-wise query
-(:mod:`mvsink.desired.row_wise`: projections and filters of one scan), an inner join (or union
-all) of several sources (:mod:`mvsink.desired.join`), or a per-group query
-(:mod:`mvsink.desired.per_group`: an aggregate of an aggregate, an aggregate over an outer join:
-:func:`aggregate_of_groups`), or another linear aggregate whose output columns it aggregates as they
-are (a rollup: :func:`aggregate_of_aggregate`); ``SELECT DISTINCT`` and ``UNION`` are such
-aggregates with no aggregate column: a row is there while its count is not 0. Each output column is a grouping column or one such
-aggregate.
+an integral or decimal column or expression of its input, over one of:
+
+* a row-wise query (:mod:`mvsink.desired.row_wise`: projections and filters of one scan);
+* an inner join (or union all) of several sources (:mod:`mvsink.desired.join`);
+* a per-group query (:mod:`mvsink.desired.per_group`: an aggregate of an aggregate, an aggregate
+  over an outer join: :func:`aggregate_of_groups`);
+* another linear aggregate whose output columns it aggregates as they are (a rollup:
+  :func:`aggregate_of_aggregate`).
+
+``SELECT DISTINCT`` and ``UNION`` are such aggregates with no aggregate column: a row is there
+while its count is not 0. Each output column is a grouping column or one such aggregate.
 
 Such aggregates add up: over a multiset of rows each with a diff, a group's count is the sum of
 the diffs and its sum the sum of value times diff. So the view keeps a *state*, per group: its row
 count ``n``, and per output column its count or its sum with the count of its non-null values
 (a sum of none is null; an average is that sum divided by that count as Spark divides them:
-:class:`Average`). The state at a time plus the aggregates of the sources' changes (the row-wise
-part applied to inserted rows at +1 and deleted rows at -1; for a join, its terms of the delta
-rule; for a per-group query, its rows of the changed groups recomputed after at +1 and before at
--1, which differ from its change only by rows that cancel; for a rollup, the rows the state below
-retracts and adds as its own input's changes move it) is the state at the next time, computed in one grouping of both; the group's output row
-before and after is its change (-1, +1; a group whose count falls to 0 is gone). The work follows
-the change and the groups, not the source. Sums and averages of floating point (order-dependent),
-min/max, distinct aggregates, an expression of an aggregate, ``HAVING`` and aggregates without
-``GROUP BY`` are not linear aggregates: they are recomputed.
+:class:`Average`). The state at a time plus the aggregates of its input's changes is the state at
+the next time, computed in one grouping of both. Those changes are, by what is below: the row-wise
+part applied to inserted rows at +1 and deleted rows at -1; a join's terms of the delta rule; a
+per-group query's rows of the changed groups recomputed after at +1 and before at -1 (they differ
+from its change only by rows that cancel); the rows a rollup's state below retracts and adds as its
+own input's changes move it. The group's output row before and after is its change (-1, +1; a
+group whose count falls to 0 is gone). The work follows the change and the groups, not the source.
+Sums and averages of floating point (order-dependent), min/max, distinct aggregates, an expression
+of an aggregate, ``HAVING`` and aggregates without ``GROUP BY`` are not linear aggregates: they are
+recomputed.
 
 Invariant: the output rows of the state at a time are exactly the query's result at that time's
 versions (each column cast to the query's type). For an average of integers Spark sums doubles:
