@@ -8,6 +8,7 @@ over such queries and over linear aggregates (rollups), the same way."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -199,16 +200,7 @@ def test_aggregates_of_aggregates_equal_the_full_evaluation_at_every_time(spark,
     moved the groups."""
     rng = random.Random(37)
     sources = {name: path for name, path in _sources(spark, tmp_path, rng).items() if name != "payments"}
-    for name in without_feed:
-        spark.sql(f"ALTER TABLE delta.`{sources[name]}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
-    next_id = [100]
-
-    def edit() -> None:
-        if rng.random() < 0.7:
-            edit_orders(spark, sources["orders"], rng, next_id, KEYS)
-        if rng.random() < 0.5:
-            edit_customers(spark, sources["customers"], rng, KEYS)
-
+    edit = _random_commits(spark, sources, rng, without_feed, orders=0.7)
     view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng, key=key)
     assert view.desired.aggregate is not None and view.desired._previous is None
     assert strategies and set(strategies) == {f"linear aggregate of {strategy}"}, strategies
@@ -223,6 +215,25 @@ def _edit_payments(spark, src: str, rng: random.Random) -> None:
         spark.sql(f"UPDATE delta.`{src}` SET paid = paid + 1 WHERE cust = {rng.randint(1, KEYS)}")
     else:
         spark.sql(f"DELETE FROM delta.`{src}` WHERE paid = {rng.randint(0, 4)}")
+
+
+def _random_commits(spark, sources: dict[str, str], rng: random.Random, without_feed: tuple[str, ...],
+                    orders: float) -> Callable[[], None]:
+    """``sources`` (of :func:`_sources`) with the change data feed off on ``without_feed``, and a
+    function making 0-3 random commits to them: to orders with chance ``orders``, to customers
+    with 0.5, to payments (where it is one of them) with 0.4."""
+    for name in without_feed:
+        spark.sql(f"ALTER TABLE delta.`{sources[name]}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
+    next_id = [100]
+
+    def edit() -> None:
+        if rng.random() < orders:
+            edit_orders(spark, sources["orders"], rng, next_id, KEYS)
+        if rng.random() < 0.5:
+            edit_customers(spark, sources["customers"], rng, KEYS)
+        if "payments" in sources and rng.random() < 0.4:
+            _edit_payments(spark, sources["payments"], rng)
+    return edit
 
 
 @pytest.fixture
@@ -256,18 +267,7 @@ def test_key_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_pat
     every time the view equals the full evaluation, and every range was recomputed per key."""
     rng = random.Random(31)
     sources = _sources(spark, tmp_path, rng)
-    for name in without_feed:
-        spark.sql(f"ALTER TABLE delta.`{sources[name]}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
-    next_id = [100]
-
-    def edit() -> None:
-        if rng.random() < 0.6:
-            edit_orders(spark, sources["orders"], rng, next_id, KEYS)
-        if rng.random() < 0.5:
-            edit_customers(spark, sources["customers"], rng, KEYS)
-        if rng.random() < 0.4:
-            _edit_payments(spark, sources["payments"], rng)
-
+    edit = _random_commits(spark, sources, rng, without_feed, orders=0.6)
     view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng)
     assert view.desired.per_group is not None and view.desired._previous is None
     assert strategies and set(strategies) == {STRATEGY}, strategies

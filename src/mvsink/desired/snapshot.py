@@ -187,21 +187,19 @@ class SnapshotDesired(Desired):
         if self.aggregate is not None and self.per_group is not None:
             over, touched = (("a key join of its sources (an outer join, or an aggregate grouped by the key)", "keys")
                              if self.per_group.joins else ("an aggregate of one source grouped by its columns", "groups"))
-            keys = ", ".join(f"{name}.({', '.join(columns)})" for name, columns in self.per_group.keys.items())
             return (f"its query is a linear aggregate over {over}: its groups are moved by that query's rows of "
                     f"the {touched} the sources' changes touch, recomputed before and after; each source read only "
-                    f"where its columns meet the changes' ({keys})")
+                    f"where its columns meet the changes' ({self._group_columns})")
         if self.per_group is not None and not self.per_group.joins:
             (columns,) = self.per_group.keys.values()
             return ("its query is an aggregate of one source grouped by its columns: its changes are the groups "
                     "the source's changes touch, recomputed before and after; the source read only where "
                     f"({', '.join(columns)}) meet the change's")
         if self.per_group is not None:
-            keys = ", ".join(f"{name}.({', '.join(columns)})" for name, columns in self.per_group.keys.items())
             return ("its query joins its sources by a key that every join equates (an outer join, or an "
                     "aggregate grouped by the key): its changes are the rows of the keys the sources' changes "
                     f"touch, recomputed before and after; each source read only where its key meets the changes' "
-                    f"({keys})")
+                    f"({self._group_columns})")
         if self.aggregate is not None:
             over = ("each source's changes joined with the other sources" if len(self.read) > 1
                     else "the source's changes")
@@ -224,6 +222,11 @@ class SnapshotDesired(Desired):
         elif any(len(self._apart.get(name, ())) < len(self.read) - 1 for name in self.read):  # some join
             described += "; the other sides read whole (no equality of plain columns of one type to prune them by)"
         return described
+
+    @property
+    def _group_columns(self) -> str:
+        """The per-group query's columns by source, in words: ``orders.(cust), customers.(cust)``."""
+        return ", ".join(f"{name}.({', '.join(columns)})" for name, columns in self.per_group.keys.items())
 
     @property
     def _aggregate_strategy(self) -> str:
