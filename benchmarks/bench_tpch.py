@@ -8,6 +8,8 @@ range of keys). The views, each keyed by the group-by columns that identify its 
 * ``q3`` (default): TPC-H Q3 without its segment filter and ``LIMIT``: the revenue of every order
   placed before 1995-03-15 from its lines shipped after it, with the customer's segment, one row
   per order (key ``l_orderkey``);
+* ``q3having``: ``q3`` under ``HAVING sum(revenue) > 100000``, with each order's mean revenue per
+  line (``sum(revenue) / count(*)``): a linear aggregate under a top (key ``l_orderkey``);
 * ``q3seg``: a rollup of ``q3``, its revenue and orders per market segment (a linear aggregate of a
   linear aggregate; key ``c_mktsegment``);
 * ``q1``: TPC-H Q1 over lineitem (sums, averages and count per return flag and line status; key
@@ -45,8 +47,8 @@ contender is timed doing the wrong thing.
 With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
-Run: ``python benchmarks/bench_tpch.py [--query q3|q3seg|q1|q5|q10|q13|q13dist|lines|custorders] [--scale 1]
-[--rounds 5] [--changed-orders N] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
+Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3seg|q1|q5|q10|q13|q13dist|lines|custorders]
+[--scale 1] [--rounds 5] [--changed-orders N] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
 from __future__ import annotations
@@ -125,6 +127,11 @@ FROM customer LEFT JOIN (SELECT o_custkey, count(*) AS orders, max(o_orderdate) 
 #: A rollup (a view over a view): Q3's per-order revenue, summed per market segment.
 QUERIES["q3seg"] = (f"SELECT c_mktsegment, sum(revenue) AS revenue, count(*) AS orders FROM ({QUERIES['q3'][0]}) "
                     "GROUP BY c_mktsegment", ("c_mktsegment",), QUERIES["q3"][2])
+#: Q3 under HAVING, with an expression of its aggregates: the orders whose revenue passes 100,000,
+#: with their mean revenue per line (a linear aggregate under a top).
+QUERIES["q3having"] = (QUERIES["q3"][0].replace(
+    "sum(revenue) AS revenue FROM", "sum(revenue) AS revenue, sum(revenue) / count(*) AS line_revenue FROM")
+    + "HAVING sum(revenue) > 100000\n", ("l_orderkey",), QUERIES["q3"][2])
 #: Each table's key, and its files per scale factor 1 (at least 1).
 TABLES = {"customer": ("c_custkey", 2), "orders": ("o_orderkey", 16), "lineitem": ("l_orderkey", 48),
           "supplier": ("s_suppkey", 1), "nation": ("n_nationkey", 1), "region": ("r_regionkey", 1)}

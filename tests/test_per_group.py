@@ -15,7 +15,6 @@ import pytest
 from helpers import (create_source, from_the_feed, insert, query_over_a_source,
                      query_results_at_every_time, random_commit, through_commits_without_feed)
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition
-from mvsink.desired import snapshot
 from mvsink.desired.per_group import PerGroup, per_group
 from mvsink.desired.row_wise import TABLE_SCAN
 
@@ -82,21 +81,6 @@ def _edit(spark, src: str, rng: random.Random, next_id: list[int]) -> None:
                         f"WHERE pmod(id, {rng.randint(2, 5)}) = {rng.randint(0, 1)}"),
         delete=lambda: f"DELETE FROM delta.`{src}` WHERE pmod(id, 4) = {rng.randint(0, 3)} OR grp = 'd'",
         inserts=inserts)
-
-
-@pytest.fixture
-def strategies(monkeypatch) -> list[str]:
-    """The strategy of each range of changes view ``from_feed`` (or ``v``) computes."""
-    seen, changes = [], snapshot.SnapshotDesired.changes
-
-    def recorded(self, lo, hi):
-        computed = changes(self, lo, hi)
-        if computed is not None and self.view.view_id in ("from_feed", "v"):
-            seen.append(computed.strategy)
-        return computed
-
-    monkeypatch.setattr(snapshot.SnapshotDesired, "changes", recorded)
-    return seen
 
 
 @pytest.mark.parametrize("sql, key, feed", [

@@ -15,7 +15,6 @@ import pytest
 from helpers import create_source, edit_customers, edit_orders, insert, maintained_and_recomputed
 from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition
 from mvsink.desired import changes as changes_module
-from mvsink.desired import snapshot
 from mvsink.desired.linear_aggregate import aggregate_of_aggregate, aggregate_of_groups
 from mvsink.desired.per_group import PerGroup, per_group
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN
@@ -234,21 +233,6 @@ def _random_commits(spark, sources: dict[str, str], rng: random.Random, without_
         if "payments" in sources and rng.random() < 0.4:
             _edit_payments(spark, sources["payments"], rng)
     return edit
-
-
-@pytest.fixture
-def strategies(monkeypatch) -> list[str]:
-    """The strategy of each range of changes view ``maintained`` computes."""
-    seen, changes = [], snapshot.SnapshotDesired.changes
-
-    def recorded(self, lo, hi):
-        computed = changes(self, lo, hi)
-        if computed is not None and self.view.view_id == "maintained":
-            seen.append(computed.strategy)
-        return computed
-
-    monkeypatch.setattr(snapshot.SnapshotDesired, "changes", recorded)
-    return seen
 
 
 @pytest.mark.parametrize("sql, without_feed", [

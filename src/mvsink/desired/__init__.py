@@ -10,7 +10,8 @@ updates at the same times. A view's input is one of:
   (:class:`~mvsink.desired.snapshot.SnapshotDesired`), whose changes are, by the query's shape
   and its refresh policy (:mod:`~mvsink.desired.refresh`), the query over the source's changes
   (:mod:`~mvsink.desired.row_wise`), its groups moved by them
-  (:mod:`~mvsink.desired.linear_aggregate`), the groups (or a key join's keys) they touch recomputed
+  (:mod:`~mvsink.desired.linear_aggregate`; under expressions of its aggregates and ``HAVING``,
+  :mod:`~mvsink.desired.aggregate_top`), the groups (or a key join's keys) they touch recomputed
   (:mod:`~mvsink.desired.per_group`), each source's changes joined with the other sources
   (:mod:`~mvsink.desired.join`; for a ``UNION ALL``, those of its branches; the other sides read
   from the files :mod:`~mvsink.desired.listed_files` lists where it can), or the difference of

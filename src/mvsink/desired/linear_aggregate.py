@@ -25,9 +25,10 @@ per-group query's rows of the changed groups recomputed after at +1 and before a
 from its change only by rows that cancel); the rows a rollup's state below retracts and adds as its
 own input's changes move it. The group's output row before and after is its change (-1, +1; a
 group whose count falls to 0 is gone). The work follows the change and the groups, not the source.
-Sums and averages of floating point (order-dependent), min/max, distinct aggregates, an expression
-of an aggregate, ``HAVING`` and aggregates without ``GROUP BY`` are not linear aggregates: they are
-recomputed.
+Sums and averages of floating point (order-dependent), min/max, distinct aggregates and aggregates
+without ``GROUP BY`` are not linear aggregates: they are recomputed. Expressions of the aggregates
+and ``HAVING`` are a row-wise *top* over one (:mod:`mvsink.desired.aggregate_top`): the state is the
+aggregate's (its *core*'s), and the top maps the rows it retracts and adds to the query's.
 
 Invariant: the output rows of the state at a time are exactly the query's result at that time's
 versions (each column cast to the query's type). For an average of integers Spark sums doubles:
@@ -37,7 +38,7 @@ depend on the order of the rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import reduce
 
 from pyspark import SparkContext
@@ -46,10 +47,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.classic.column import Column as ClassicColumn
 
+from mvsink.desired.aggregate_top import aggregate_core
 from mvsink.desired.changes import touched_values
 from mvsink.desired.join import plan_is_inner_join
 from mvsink.desired.per_group import PerGroup, per_group
-from mvsink.desired.row_wise import plan_is_row_wise, plan_reads_subqueries
+from mvsink.desired.row_wise import ROW_WISE_NODES, plan_is_row_wise, plan_reads_subqueries
 from mvsink.updates import DIFF
 
 #: State columns: each group column, the group's row count, each aggregate's value and non-nulls.
@@ -101,10 +103,13 @@ class Average:
 
 @dataclass(frozen=True)
 class LinearAggregate:
-    """The shape of a linear aggregate query: its grouping columns and output columns."""
+    """The shape of a linear aggregate query: its grouping columns and output columns; with
+    ``top``, those of its :func:`~mvsink.desired.aggregate_top.aggregate_core`, the query being a
+    row-wise top over that (:class:`~mvsink.desired.aggregate_top.RowWiseTop`)."""
 
     groups: tuple[str, ...]
     outputs: tuple[Output, ...]
+    top: bool = False
 
     def aggregate_input(self, result: DataFrame) -> DataFrame:
         """The rows the ``Aggregate`` of ``result`` (this query over some rows) groups: its
@@ -116,8 +121,8 @@ class LinearAggregate:
         then the input is optimized once, with whatever it becomes part of (a step's terms are
         one plan; optimizing a term alone costs its scans' data skipping again). Otherwise from
         the optimized plan, whose ``Aggregate`` this shape was read from (and whose expressions
-        the added columns are)."""
-        execution = result._jdf.queryExecution()
+        the added columns are); under a top, its core's."""
+        execution = self.core(result)._jdf.queryExecution()
         plan = execution.analyzed()
         if (plan.nodeName() != "Aggregate" or any(out.expression is not None for out in self.outputs)
                 or not self._reads_by_name(plan.child())):
@@ -128,6 +133,10 @@ class LinearAggregate:
         computed = [ClassicColumn(jvm.org.apache.spark.sql.classic.ExpressionUtils.column(argument)).alias(out.column)
                     for out, argument in zip(self.outputs, _arguments(plan)) if out.expression is not None]
         return rows.select("*", *computed) if computed else rows
+
+    def core(self, result: DataFrame) -> DataFrame:
+        """``result`` (this query over some rows) without its top, if it has one."""
+        return aggregate_core(result) if self.top else result
 
     def _reads_by_name(self, plan) -> bool:
         """Whether ``plan``'s output has each grouping and aggregated column once (by Spark's
@@ -306,44 +315,57 @@ class GroupStates:
         return ClassicColumn(utils.column(divided))
 
 
-def linear_aggregate(result: DataFrame, scan: str, sources: int = 1) -> LinearAggregate | None:
+def linear_aggregate(result: DataFrame, scan: str, sources: int = 1, top: bool = False) -> LinearAggregate | None:
     """The shape of ``result`` (a query over ``sources`` ``scan`` leaves) if it is a linear
-    aggregate."""
-    plan = result._jdf.queryExecution().optimizedPlan()
-    if plan.nodeName() != "Aggregate":
+    aggregate (with ``top``: maybe under a top, :func:`aggregate_shape`)."""
+    shape = aggregate_shape(result, top)
+    if shape is None:
         return None
-    child = plan.child()
-    if not (plan_is_row_wise(child, scan) if sources == 1 else plan_is_inner_join(child, scan, sources)):
-        return None
-    return aggregate_shape(result)
+    child = _aggregate_node(result._jdf.queryExecution().optimizedPlan()).child()
+    return shape if (plan_is_row_wise(child, scan) if sources == 1
+                     else plan_is_inner_join(child, scan, sources)) else None
 
 
-def aggregate_of_groups(result: DataFrame, scan: str, names: dict[int, str] | None = None
+def aggregate_of_groups(result: DataFrame, scan: str, names: dict[int, str] | None = None, top: bool = False
                         ) -> tuple[LinearAggregate, PerGroup] | tuple[None, None]:
-    """The shape of ``result`` if it is a linear aggregate over a per-group query (an aggregate of
-    an aggregate, an aggregate over an outer join: :func:`~mvsink.desired.per_group.per_group`
-    over ``scan`` leaves, named by ``names``), and that query's shape; else ``(None, None)``."""
-    shape = aggregate_shape(result)
+    """The shape of ``result`` if it is a linear aggregate (``top`` as for :func:`aggregate_shape`)
+    over a per-group query (an aggregate of an aggregate, an aggregate over an outer join:
+    :func:`~mvsink.desired.per_group.per_group` over ``scan`` leaves, named by ``names``), and that
+    query's shape; else ``(None, None)``."""
+    shape = aggregate_shape(result, top)
     inner = per_group(shape.aggregate_input(result), scan, names) if shape is not None else None
     return (shape, inner) if inner is not None else (None, None)
 
 
-def aggregate_of_aggregate(result: DataFrame, scan: str, sources: int = 1
+def aggregate_of_aggregate(result: DataFrame, scan: str, sources: int = 1, top: bool = False
                            ) -> tuple[LinearAggregate, LinearAggregate] | tuple[None, None]:
-    """The shapes of ``result`` and of the query below its ``Aggregate`` if that is a linear
-    aggregate (a rollup: sums of sums, counts of groups) and ``result`` a linear aggregate of its
-    output columns as they are (no expression: it reads the rows the one below outputs); else
-    ``(None, None)``."""
-    outer = aggregate_shape(result)
+    """The shapes of ``result`` (``top`` as for :func:`aggregate_shape`) and of the query below its
+    ``Aggregate`` if that is a linear aggregate (a rollup: sums of sums, counts of groups; maybe
+    under a top of its own, which holds any expression of its columns the one above reads) and
+    ``result`` a linear aggregate of its output columns as they are (no expression: it reads the
+    rows the one below outputs); else ``(None, None)``."""
+    outer = aggregate_shape(result, top)
     if outer is None or any(out.expression is not None for out in outer.outputs):
         return None, None
-    below = linear_aggregate(outer.aggregate_input(result), scan, sources)
+    below = linear_aggregate(outer.aggregate_input(result), scan, sources, top=True)
     return (outer, below) if below is not None else (None, None)
 
 
-def aggregate_shape(result: DataFrame) -> LinearAggregate | None:
+def aggregate_shape(result: DataFrame, top: bool = False) -> LinearAggregate | None:
     """The shape of ``result`` if its optimized plan is a linear ``Aggregate`` over any input
-    (deterministic, reading no subquery): the caller says how that input's changes are had."""
+    (deterministic, reading no subquery): the caller says how that input's changes are had. With
+    ``top``, else the shape of its :func:`~mvsink.desired.aggregate_top.aggregate_core` if that is
+    one (``top`` set: the query is a row-wise top over it, with expressions of its aggregates)."""
+    shape = _plain_shape(result)
+    if shape is not None or not top:
+        return shape
+    core = aggregate_core(result)
+    shape = _plain_shape(core) if core is not None else None
+    return replace(shape, top=True) if shape is not None else None
+
+
+def _plain_shape(result: DataFrame) -> LinearAggregate | None:
+    """The shape of ``result`` if its optimized plan is a linear ``Aggregate``, with no top."""
     plan = result._jdf.queryExecution().optimizedPlan()
     if plan.nodeName() != "Aggregate" or not plan.deterministic() or plan_reads_subqueries(result, plan):
         return None
@@ -369,6 +391,13 @@ def aggregate_shape(result: DataFrame) -> LinearAggregate | None:
             return None
         outputs.append(out)
     return LinearAggregate(tuple(groups), tuple(outputs))
+
+
+def _aggregate_node(plan):
+    """The ``Aggregate`` of ``plan``: itself, or under its row-wise nodes (a top)."""
+    while plan.nodeName() in ROW_WISE_NODES:
+        plan = plan.children().head()
+    return plan
 
 
 def _aggregate(expr, name: str, index: int) -> Output | None:

@@ -14,7 +14,9 @@ the groups the source's changes touch, before and after; so is a *key join* (out
 joins of sources by a key every join equates, or an aggregate over one grouped by the key), for the
 keys the sources' changes touch. A linear aggregate over either of those keeps its groups' state and
 moves it by those recomputed rows; one over a linear aggregate (a rollup) keeps both states, the one
-below moving the one above. Any other query is evaluated once per such
+below moving the one above. Under expressions of its aggregates and ``HAVING`` (a row-wise top,
+:mod:`mvsink.desired.aggregate_top`), any of these keeps its aggregate's state, and the top maps the
+rows that state retracts and adds to the query's (consolidated: a row can be retracted and added). Any other query is evaluated once per such
 time, emitting where consecutive results differ: the new result at +1 and the last at -1,
 consolidated (each distinct row's count difference, exactly a multiset difference both ways, in one
 shuffle); the last result is kept in Spark (a local checkpoint, which spills to disk), never on the
@@ -47,6 +49,7 @@ from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
+from mvsink.desired.aggregate_top import RowWiseTop
 from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small,
                                     held_changes, touched_ranges, unreadable)
 from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
@@ -114,12 +117,17 @@ class SnapshotDesired(Desired):
         self._state: DataFrame | None = None
         self._state_time: int | None = None
         self._state_groups = 0
+        #: Where the query's aggregates are under expressions or ``HAVING``: its top, which maps the
+        #: aggregate's rows to the query's (:mod:`mvsink.desired.aggregate_top`).
+        self._top: RowWiseTop | None = None
         #: Where the query is a linear aggregate of a linear aggregate: the one below, its state
         #: (at ``_state_time``, as the one above) and how many groups it had at most.
         self.below: LinearAggregate | None = None
         self._below_groups: GroupStates | None = None
         self._below_state: DataFrame | None = None
         self._below_size = 0
+        #: The top of the one below, if it has one (its expressions the one above reads, its HAVING).
+        self._below_top: RowWiseTop | None = None
         #: The query's shape if it is a per-group aggregate (:mod:`mvsink.desired.per_group`).
         self.per_group: PerGroup | None = None
         #: The declared sources the query reads, in the view's order (a pipeline's view declares
@@ -129,7 +137,7 @@ class SnapshotDesired(Desired):
         super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
         held = (self._held_rows() if len(self.read) == 1 or self.join or self.aggregate is not None
                 or self.per_group is not None else None)
-        over_held = self._query(held) if held is not None else None
+        over_held = query_over_held = self._query(held) if held is not None else None
         read_held = {name: held[name] for name in self.read} if held is not None else {}
         self._unread_rows = {name: rows for name, rows in (held or {}).items() if name not in self.read}
         self.row_wise = self.row_wise and over_held is not None and is_row_wise(over_held, HELD_ROWS)
@@ -145,20 +153,24 @@ class SnapshotDesired(Desired):
             if self.aggregate is None:
                 self.per_group = per_group(over_held, HELD_ROWS, by_rdd)
             else:  # a linear aggregate over a per-group query: the same aggregate over the held rows
-                shape, inner = aggregate_of_groups(over_held, HELD_ROWS, by_rdd)
+                shape, inner = aggregate_of_groups(over_held, HELD_ROWS, by_rdd, top=True)
                 self.aggregate, self.per_group = (shape, inner) if shape == self.aggregate else (None, None)
         elif self.below is not None:  # the same two aggregates over the held rows, the one below reading each once
-            joined = self.aggregate.aggregate_input(over_held)
-            if (aggregate_of_aggregate(over_held, HELD_ROWS, len(self.read)) != (self.aggregate, self.below)
-                    or len(self.read) > 1 and not reads_each_once(joined, list(read_held.values()))):
+            below = self.aggregate.aggregate_input(over_held)
+            if (aggregate_of_aggregate(over_held, HELD_ROWS, len(self.read), top=True) != (self.aggregate, self.below)
+                    or len(self.read) > 1 and not reads_each_once(self.below.core(below), list(read_held.values()))):
                 self.aggregate = self.below = None
             else:
-                self._below_groups = GroupStates(self.below, joined.schema, ())
-                over_held = joined  # its joins' keys are the ones below
+                self._below_top = RowWiseTop(below) if self.below.top else None
+                over_held = self.below.core(below)  # its joins' keys are the ones below
+                self._below_groups = GroupStates(self.below, over_held.schema, ())
         elif self.aggregate is not None and (
-                linear_aggregate(over_held, HELD_ROWS, len(self.read)) != self.aggregate
-                or len(self.read) > 1 and not reads_each_once(over_held, list(read_held.values()))):
+                linear_aggregate(over_held, HELD_ROWS, len(self.read), top=True) != self.aggregate
+                or len(self.read) > 1 and not reads_each_once(self.aggregate.core(over_held),
+                                                              list(read_held.values()))):
             self.aggregate = None
+        elif self.aggregate is not None:
+            over_held = self.aggregate.core(over_held)  # its joins' keys are its core's
         self._apply_refresh_policy()
         #: Under ``auto``, whether a step of a maintained query evaluates it in full instead (None: no choice).
         self.auto = (AutoRefresh(view.view_id) if self.input.refresh == "auto" and self._maintained and not self.row_wise
@@ -175,7 +187,13 @@ class SnapshotDesired(Desired):
         #: add actions where delta-rs lists them (:func:`~mvsink.desired.listed_files.add_actions`).
         self._pinned_reads: dict[tuple[str, int], DataFrame] = {}
         self._add_actions: dict[tuple[str, int], pa.Table | None] = {}
-        if self.aggregate is not None:
+        #: Whether a linear aggregate under a top has a row per key at most (the key holds its groups).
+        self._keyed_by_groups = False
+        if self.aggregate is not None and self.aggregate.top:  # its state is its core's: no key of the view's
+            self._top = RowWiseTop(query_over_held)
+            self._groups = GroupStates(self.aggregate, self.aggregate.core(query_over_held).schema, ())
+            self._keyed_by_groups = bool(view.key) and self._top.groups_are_keyed(view.key)
+        elif self.aggregate is not None:
             self._groups = GroupStates(self.aggregate, self.user_schema, view.key)
         log.info("view %r: %s", view.view_id, self.strategy_description())
 
@@ -189,7 +207,7 @@ class SnapshotDesired(Desired):
                              if self.per_group.joins else ("an aggregate of one source grouped by its columns", "groups"))
             return (f"its query is a linear aggregate over {over}: its groups are moved by that query's rows of "
                     f"the {touched} the sources' changes touch, recomputed before and after; each source read only "
-                    f"where its columns meet the changes' ({self._group_columns})")
+                    f"where its columns meet the changes' ({self._group_columns}){self._top_words}")
         if self.per_group is not None and not self.per_group.joins:
             (columns,) = self.per_group.keys.values()
             return ("its query is an aggregate of one source grouped by its columns: its changes are the groups "
@@ -206,7 +224,9 @@ class SnapshotDesired(Desired):
             described = (f"its query is a linear aggregate: its changes are its groups' changes from {over}"
                          if self.below is None else
                          "its query is a linear aggregate of a linear aggregate (a rollup): the one below moves its "
-                         f"groups by {over}, the one above its groups by the rows the one below retracts and adds")
+                         f"groups by {over}, the one above its groups by the rows the one below retracts and adds"
+                         + (" (under its expressions and HAVING)" if self._below_top is not None else ""))
+            described += self._top_words
         elif self.join and self._no_rows:
             described = ("its query is a union all (of row-wise queries and inner joins): its changes are each "
                          "source's changes joined with the other sources of its branches")
@@ -222,6 +242,12 @@ class SnapshotDesired(Desired):
         elif any(len(self._apart.get(name, ())) < len(self.read) - 1 for name in self.read):  # some join
             described += "; the other sides read whole (no equality of plain columns of one type to prune them by)"
         return described
+
+    @property
+    def _top_words(self) -> str:
+        """What a linear aggregate under a top does with it, in words (nothing without one)."""
+        return ("; its expressions of aggregates and filters above them (HAVING) are applied to the groups' rows "
+                "retracted and added" if self._top is not None else "")
 
     @property
     def _group_columns(self) -> str:
@@ -305,13 +331,13 @@ class SnapshotDesired(Desired):
         self.read = tuple(name for name in self.sources if name in {tables.get(t) for t in _delta_tables(result)})
         self.row_wise = len(self.read) == 1 and is_row_wise(result, TABLE_SCAN)
         self.join = len(self.read) > 1 and is_inner_join(result, TABLE_SCAN, len(self.read))
-        self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.read)) if self.read else None
+        self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.read), top=True) if self.read else None
         if self.aggregate is None and not self.join:
             self.per_group = per_group(result, TABLE_SCAN)
         if self.aggregate is None and self.per_group is None and not self.join and self.read:
-            self.aggregate, self.below = aggregate_of_aggregate(result, TABLE_SCAN, len(self.read))
+            self.aggregate, self.below = aggregate_of_aggregate(result, TABLE_SCAN, len(self.read), top=True)
             if self.aggregate is None:
-                self.aggregate, self.per_group = aggregate_of_groups(result, TABLE_SCAN)
+                self.aggregate, self.per_group = aggregate_of_groups(result, TABLE_SCAN, top=True)
         return result.schema
 
     def _held_rows(self) -> dict[str, DataFrame]:
@@ -342,7 +368,7 @@ class SnapshotDesired(Desired):
     def snapshot(self, time: int) -> DataFrame:
         if self.aggregate is not None:  # its groups' state, held: the next changes move it
             self._hold_state(time)
-            contents = self._groups.output(self._state)
+            contents = self._aggregate_rows(self._groups.output(self._state))
         elif self.row_wise or self.join or self.per_group is not None:
             contents = self._result_at(time)
         else:  # kept: the next changes are the difference to it
@@ -356,7 +382,7 @@ class SnapshotDesired(Desired):
         if self.below is not None:
             self._below_state, self._below_size = checkpointed(
                 self._below_groups.state(self.below.aggregate_input(rows)))
-            rows = self._below_groups.output(self._below_state)
+            rows = self._below_rows(self._below_groups.output(self._below_state))
         (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(rows)), time
 
     @property
@@ -612,19 +638,33 @@ class SnapshotDesired(Desired):
             size, key_moves = size + moved, key_moves or moves
             if touched:
                 cuts.append(touched_ranges(*touched, self.schema[self.view.key[0]].dataType, feeds.small))
-            parts.append(self._as_updates(groups.updates(combined), time))
-            key_moving.append(groups.key_moving_updates(combined))
+            parts.append(self._as_updates(self._aggregate_rows(groups.updates(combined)), time))
+            if self._top is None:
+                key_moving.append(groups.key_moving_updates(combined))
             self._state, self._state_time, self._state_groups = groups.kept_state(combined), time, kept
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         reads = self._named((*(read for frame in executed for read in delta_reads(frame)), *feeds.listed_reads))
-        if not aggregate.rows_are_distinct:
-            return replace(held_changes(updates, times[0], self.view.key, few=feeds.small), reads=reads)
+        if self._top is not None or not aggregate.rows_are_distinct:
+            # consolidated in one task where they are few: ``size`` counts them (before a top, which drops some)
+            changes = held_changes(updates, times[0], self.view.key, size <= ONE_TASK_GROUPS, few=feeds.small)
+            if self._keyed_by_groups:  # a row per group at most: no key violation can start
+                changes = replace(changes, key_counts_change=False)
+            return replace(changes, reads=reads)
         if not self.view.key:
             return Changes(updates, size, times[0], reads=reads)
         touched = reduce(DataFrame.unionByName, key_moving).select(*self.view.key) if key_moving else None
         ranges = (None if None in cuts else
                   ([r for ranges, _ in cuts for r in ranges], any(nulls for _, nulls in cuts)))
         return Changes(updates, size, times[0], key_moves, touched, touched_ranges=ranges, reads=reads)
+
+    def _aggregate_rows(self, rows: DataFrame) -> DataFrame:
+        """The query's rows of the aggregate's ``rows`` (its output, or its core's under a top, with
+        any other columns passed on)."""
+        return rows if self._top is None else self._top.over(rows)
+
+    def _below_rows(self, rows: DataFrame) -> DataFrame:
+        """As :meth:`_aggregate_rows`, for the aggregate below a rollup: the rows the one above reads."""
+        return rows if self._below_top is None else self._below_top.over(rows)
 
     def _moved_below(self, inputs: list[tuple[int, DataFrame]], small: bool) -> list[tuple[int, DataFrame]]:
         """The linear aggregate below's output rows that its input's changed rows (``inputs``: its
@@ -636,7 +676,7 @@ class SnapshotDesired(Desired):
                                                  for diff, rows in inputs])
         one_task = small and self._below_size <= ONE_TASK_GROUPS
         combined, self._below_size = checkpointed(below.next_state(self._below_state, changed, one_task))
-        self._below_state, moved = below.kept_state(combined), below.updates(combined)
+        self._below_state, moved = below.kept_state(combined), self._below_rows(below.updates(combined))
         return [(1, moved.where(F.col(DIFF) > 0)), (-1, moved.where(F.col(DIFF) < 0))]
 
     def _per_group_changes(self, times: list[int]) -> Changes:
