@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from mvsink.desired.row_wise import ROW_WISE_NODES, plan_reads_subqueries, scala_items
+from mvsink.desired.row_wise import ROW_WISE_NODES, scala_items, under_row_wise
 
 #: The core's column of the i-th aggregate function.
 AGGREGATE_COLUMN = "_mv_aggregate_{}"
@@ -108,14 +108,10 @@ def _passed_ids(named: list, ids: list[int]) -> list[int]:
 def _split(result: DataFrame):
     """``(jvm, the Aggregate, PhysicalAggregation's (grouping, aggregate functions, result
     expressions, child))`` of ``result``'s plan, if it has the shape :func:`aggregate_core` takes."""
-    plan = result._jdf.queryExecution().optimizedPlan()
-    if not plan.deterministic() or plan_reads_subqueries(result, plan):
+    found = under_row_wise(result)
+    if found is None or found[1].nodeName() != "Aggregate":
         return None
-    node = plan
-    while node.nodeName() in ROW_WISE_NODES:
-        node = node.children().head()
-    if node.nodeName() != "Aggregate":
-        return None
+    node = found[1]
     jvm = result.sparkSession.sparkContext._jvm
     physical = getattr(getattr(jvm.org.apache.spark.sql.catalyst.planning, "PhysicalAggregation$"), "MODULE$")
     split = physical.unapply(node)

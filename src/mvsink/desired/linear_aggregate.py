@@ -51,7 +51,7 @@ from mvsink.desired.aggregate_top import aggregate_core
 from mvsink.desired.changes import touched_values
 from mvsink.desired.join import plan_is_inner_join
 from mvsink.desired.per_group import PerGroup, per_group
-from mvsink.desired.row_wise import ROW_WISE_NODES, plan_is_row_wise, plan_reads_subqueries
+from mvsink.desired.row_wise import plan_is_row_wise, plan_reads_subqueries, under_row_wise
 from mvsink.updates import DIFF
 
 #: State columns: each group column, the group's row count, each aggregate's value and non-nulls.
@@ -321,7 +321,8 @@ def linear_aggregate(result: DataFrame, scan: str, sources: int = 1, top: bool =
     shape = aggregate_shape(result, top)
     if shape is None:
         return None
-    child = _aggregate_node(result._jdf.queryExecution().optimizedPlan()).child()
+    _, aggregate = under_row_wise(result)  # a shape: deterministic, no subquery
+    child = aggregate.child()
     return shape if (plan_is_row_wise(child, scan) if sources == 1
                      else plan_is_inner_join(child, scan, sources)) else None
 
@@ -391,13 +392,6 @@ def _plain_shape(result: DataFrame) -> LinearAggregate | None:
             return None
         outputs.append(out)
     return LinearAggregate(tuple(groups), tuple(outputs))
-
-
-def _aggregate_node(plan):
-    """The ``Aggregate`` of ``plan``: itself, or under its row-wise nodes (a top)."""
-    while plan.nodeName() in ROW_WISE_NODES:
-        plan = plan.children().head()
-    return plan
 
 
 def _aggregate(expr, name: str, index: int) -> Output | None:

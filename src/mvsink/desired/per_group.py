@@ -56,7 +56,7 @@ from functools import reduce
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from mvsink.desired.row_wise import ROW_WISE_NODES, leaf_columns, plan_is_row_wise, plan_reads_subqueries, scala_items
+from mvsink.desired.row_wise import ROW_WISE_NODES, leaf_columns, plan_is_row_wise, scala_items, under_row_wise
 
 #: Aggregate functions (Catalyst's names) whose result does not depend on the order of the rows.
 ORDER_FREE = frozenset({"Min", "Max", "Count", "Percentile", "HyperLogLogPlusPlus"})
@@ -93,12 +93,10 @@ def per_group(result: DataFrame, scan: str, names: dict[int, str] | None = None)
     leaf of rows held in Spark (by its RDD's id) to its source's name; every leaf must be one, each
     read once. Without it (a query over the sources, its shape checked before the rows are held),
     the leaves are named by their order."""
-    plan = result._jdf.queryExecution().optimizedPlan()
-    if not plan.deterministic() or plan_reads_subqueries(result, plan):
+    found = under_row_wise(result)
+    if found is None:
         return None
-    node = plan
-    while node.nodeName() in ROW_WISE_NODES:
-        node = node.children().head()
+    _, node = found
     aggregate = node if node.nodeName() == "Aggregate" else None
     if aggregate is not None and not all(
             _order_free(f) for e in scala_items(aggregate.aggregateExpressions()) for f in _functions(e)):

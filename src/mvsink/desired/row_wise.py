@@ -39,6 +39,19 @@ def plan_is_row_wise(plan, scan: str) -> bool:
     return node.nodeName() == scan and node.children().isEmpty()
 
 
+def under_row_wise(result: DataFrame):
+    """``(plan, node)``: ``result``'s optimized logical plan and its first node that is not
+    row-wise (itself, or under its projections and filters), where every expression is
+    deterministic and none reads a subquery; else None."""
+    plan = result._jdf.queryExecution().optimizedPlan()
+    if not plan.deterministic() or plan_reads_subqueries(result, plan):
+        return None
+    node = plan
+    while node.nodeName() in ROW_WISE_NODES:
+        node = node.children().head()
+    return plan, node
+
+
 def passed_through(result: DataFrame, columns: tuple[str, ...]) -> tuple[str, ...] | None:
     """For a row-wise ``result``: the names of its leaf's columns that its ``columns`` are, value
     for value (selected as they are, or renamed); None if one of them is computed."""
