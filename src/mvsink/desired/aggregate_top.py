@@ -108,10 +108,9 @@ def _passed_ids(named: list, ids: list[int]) -> list[int]:
 def _split(result: DataFrame):
     """``(jvm, the Aggregate, PhysicalAggregation's (grouping, aggregate functions, result
     expressions, child))`` of ``result``'s plan, if it has the shape :func:`aggregate_core` takes."""
-    found = under_row_wise(result)
-    if found is None or found[1].nodeName() != "Aggregate":
+    node = under_row_wise(result)
+    if node is None or node.nodeName() != "Aggregate":
         return None
-    node = found[1]
     jvm = result.sparkSession.sparkContext._jvm
     physical = getattr(getattr(jvm.org.apache.spark.sql.catalyst.planning, "PhysicalAggregation$"), "MODULE$")
     split = physical.unapply(node)

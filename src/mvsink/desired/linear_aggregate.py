@@ -321,8 +321,7 @@ def linear_aggregate(result: DataFrame, scan: str, sources: int = 1, top: bool =
     shape = aggregate_shape(result, top)
     if shape is None:
         return None
-    _, aggregate = under_row_wise(result)  # a shape: deterministic, no subquery
-    child = aggregate.child()
+    child = under_row_wise(result).child()  # its Aggregate's (a shape: deterministic, no subquery)
     return shape if (plan_is_row_wise(child, scan) if sources == 1
                      else plan_is_inner_join(child, scan, sources)) else None
 

@@ -93,10 +93,9 @@ def per_group(result: DataFrame, scan: str, names: dict[int, str] | None = None)
     leaf of rows held in Spark (by its RDD's id) to its source's name; every leaf must be one, each
     read once. Without it (a query over the sources, its shape checked before the rows are held),
     the leaves are named by their order."""
-    found = under_row_wise(result)
-    if found is None:
+    node = under_row_wise(result)
+    if node is None:
         return None
-    _, node = found
     aggregate = node if node.nodeName() == "Aggregate" else None
     if aggregate is not None and not all(
             _order_free(f) for e in scala_items(aggregate.aggregateExpressions()) for f in _functions(e)):

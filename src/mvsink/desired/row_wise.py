@@ -40,8 +40,8 @@ def plan_is_row_wise(plan, scan: str) -> bool:
 
 
 def under_row_wise(result: DataFrame):
-    """``(plan, node)``: ``result``'s optimized logical plan and its first node that is not
-    row-wise (itself, or under its projections and filters), where every expression is
+    """The first node of ``result``'s optimized logical plan that is not row-wise (the plan
+    itself, or under its projections and filters), where every expression of the plan is
     deterministic and none reads a subquery; else None."""
     plan = result._jdf.queryExecution().optimizedPlan()
     if not plan.deterministic() or plan_reads_subqueries(result, plan):
@@ -49,7 +49,7 @@ def under_row_wise(result: DataFrame):
     node = plan
     while node.nodeName() in ROW_WISE_NODES:
         node = node.children().head()
-    return plan, node
+    return node
 
 
 def passed_through(result: DataFrame, columns: tuple[str, ...]) -> tuple[str, ...] | None:
