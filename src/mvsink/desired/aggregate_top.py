@@ -36,8 +36,11 @@ def aggregate_core(result: DataFrame) -> DataFrame | None:
     aggregate function) where its optimized plan is row-wise nodes over one ``Aggregate``, every
     expression deterministic and no subquery; else None."""
     split = _split(result)
-    if split is None:
-        return None
+    return _core(result, split) if split is not None else None
+
+
+def _core(result: DataFrame, split) -> DataFrame:
+    """:func:`aggregate_core` of ``result``, from its :func:`_split`."""
     jvm, aggregate, (groups, functions, _, child) = split
     nodes = _Catalyst(jvm)
     named = [nodes.alias(function, AGGREGATE_COLUMN.format(i), function.resultId())
@@ -52,12 +55,14 @@ class RowWiseTop:
 
     def __init__(self, result: DataFrame):
         """The top of ``result``, whose :func:`aggregate_core` is not None."""
-        jvm, _, (groups, _, results, _) = _split(result)
+        split = _split(result)
+        jvm, _, (groups, _, results, _) = split
         self._nodes = _Catalyst(jvm)
         self._group_ids = {g.exprId().id() for g in scala_items(groups)}
-        core = aggregate_core(result)._jdf.queryExecution().analyzed()
+        #: ``result``'s :func:`aggregate_core`.
+        self.core = _core(result, split)
         #: The core's output attributes, which the result expressions and the nodes above refer to.
-        self._core = scala_items(core.output())
+        self._core = scala_items(self.core._jdf.queryExecution().analyzed().output())
         self._results = scala_items(results)
         plan, self._above = result._jdf.queryExecution().optimizedPlan(), []
         #: The query's columns, by name: their attributes' ids.

@@ -162,7 +162,8 @@ class SnapshotDesired(Desired):
                 self.aggregate = self.below = None
             else:
                 self._below_top = RowWiseTop(below) if self.below.top else None
-                over_held = self.below.core(below)  # its joins' keys are the ones below
+                # its joins' keys are the ones below
+                over_held = self._below_top.core if self._below_top is not None else below
                 self._below_groups = GroupStates(self.below, over_held.schema, ())
         elif self.aggregate is not None and (
                 linear_aggregate(over_held, HELD_ROWS, len(self.read), top=True) != self.aggregate
@@ -191,7 +192,7 @@ class SnapshotDesired(Desired):
         self._keyed_by_groups = False
         if self.aggregate is not None and self.aggregate.top:  # its state is its core's: no key of the view's
             self._top = RowWiseTop(query_over_held)
-            self._groups = GroupStates(self.aggregate, self.aggregate.core(query_over_held).schema, ())
+            self._groups = GroupStates(self.aggregate, self._top.core.schema, ())
             self._keyed_by_groups = bool(view.key) and self._top.groups_are_keyed(view.key)
         elif self.aggregate is not None:
             self._groups = GroupStates(self.aggregate, self.user_schema, view.key)
@@ -368,7 +369,7 @@ class SnapshotDesired(Desired):
     def snapshot(self, time: int) -> DataFrame:
         if self.aggregate is not None:  # its groups' state, held: the next changes move it
             self._hold_state(time)
-            contents = self._aggregate_rows(self._groups.output(self._state))
+            contents = _through(self._top, self._groups.output(self._state))
         elif self.row_wise or self.join or self.per_group is not None:
             contents = self._result_at(time)
         else:  # kept: the next changes are the difference to it
@@ -382,7 +383,7 @@ class SnapshotDesired(Desired):
         if self.below is not None:
             self._below_state, self._below_size = checkpointed(
                 self._below_groups.state(self.below.aggregate_input(rows)))
-            rows = self._below_rows(self._below_groups.output(self._below_state))
+            rows = _through(self._below_top, self._below_groups.output(self._below_state))
         (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(rows)), time
 
     @property
@@ -638,7 +639,7 @@ class SnapshotDesired(Desired):
             size, key_moves = size + moved, key_moves or moves
             if touched:
                 cuts.append(touched_ranges(*touched, self.schema[self.view.key[0]].dataType, feeds.small))
-            parts.append(self._as_updates(self._aggregate_rows(groups.updates(combined)), time))
+            parts.append(self._as_updates(_through(self._top, groups.updates(combined)), time))
             if self._top is None:
                 key_moving.append(groups.key_moving_updates(combined))
             self._state, self._state_time, self._state_groups = groups.kept_state(combined), time, kept
@@ -657,15 +658,6 @@ class SnapshotDesired(Desired):
                   ([r for ranges, _ in cuts for r in ranges], any(nulls for _, nulls in cuts)))
         return Changes(updates, size, times[0], key_moves, touched, touched_ranges=ranges, reads=reads)
 
-    def _aggregate_rows(self, rows: DataFrame) -> DataFrame:
-        """The query's rows of the aggregate's ``rows`` (its output, or its core's under a top, with
-        any other columns passed on)."""
-        return rows if self._top is None else self._top.over(rows)
-
-    def _below_rows(self, rows: DataFrame) -> DataFrame:
-        """As :meth:`_aggregate_rows`, for the aggregate below a rollup: the rows the one above reads."""
-        return rows if self._below_top is None else self._below_top.over(rows)
-
     def _moved_below(self, inputs: list[tuple[int, DataFrame]], small: bool) -> list[tuple[int, DataFrame]]:
         """The linear aggregate below's output rows that its input's changed rows (``inputs``: its
         input rows, as the query's terms give them, with their diffs) retract (-1) and add (+1):
@@ -676,7 +668,7 @@ class SnapshotDesired(Desired):
                                                  for diff, rows in inputs])
         one_task = small and self._below_size <= ONE_TASK_GROUPS
         combined, self._below_size = checkpointed(below.next_state(self._below_state, changed, one_task))
-        self._below_state, moved = below.kept_state(combined), self._below_rows(below.updates(combined))
+        self._below_state, moved = below.kept_state(combined), _through(self._below_top, below.updates(combined))
         return [(1, moved.where(F.col(DIFF) > 0)), (-1, moved.where(F.col(DIFF) < 0))]
 
     def _per_group_changes(self, times: list[int]) -> Changes:
@@ -808,6 +800,12 @@ class SnapshotDesired(Desired):
         if self._maintained and self.auto is None:  # back to the sources' changes next time
             self._previous = self._previous_time = None
         return updates
+
+
+def _through(top: RowWiseTop | None, rows: DataFrame) -> DataFrame:
+    """A linear aggregate's rows (its output, or its core's under ``top``; other columns passed
+    on) as its query's."""
+    return rows if top is None else top.over(rows)
 
 
 def _listing(name: str, version: int, cuts: list[tuple[str, list[tuple], bool]]) -> tuple:
