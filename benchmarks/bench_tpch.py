@@ -10,6 +10,10 @@ range of keys). The views, each keyed by the group-by columns that identify its 
   per order (key ``l_orderkey``);
 * ``q3having``: ``q3`` under ``HAVING sum(revenue) > 100000``, with each order's mean revenue per
   line (``sum(revenue) / count(*)``): a linear aggregate under a top (key ``l_orderkey``);
+* ``q3max``: ``q3`` with each order's largest line revenue and its count of distinct suppliers
+  (``max``, ``count(DISTINCT ...)``: not linear) instead of its revenue: an aggregate of an inner
+  join, its changed orders recomputed (orders and lineitem read only there, customer whole; key
+  ``l_orderkey``);
 * ``q3seg``: a rollup of ``q3``, its revenue and orders per market segment (a linear aggregate of a
   linear aggregate; key ``c_mktsegment``);
 * ``q1``: TPC-H Q1 over lineitem (sums, averages and count per return flag and line status; key
@@ -47,7 +51,7 @@ contender is timed doing the wrong thing.
 With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
-Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3seg|q1|q5|q10|q13|q13dist|lines|custorders]
+Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3seg|q1|q5|q10|q13|q13dist|lines|custorders]
 [--scale 1] [--rounds 5] [--changed-orders N] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
@@ -132,6 +136,12 @@ QUERIES["q3seg"] = (f"SELECT c_mktsegment, sum(revenue) AS revenue, count(*) AS 
 QUERIES["q3having"] = (QUERIES["q3"][0].replace(
     "sum(revenue) AS revenue FROM", "sum(revenue) AS revenue, sum(revenue) / count(*) AS line_revenue FROM")
     + "HAVING sum(revenue) > 100000\n", ("l_orderkey",), QUERIES["q3"][2])
+#: Q3 with aggregates that are not linear: per order, its largest line revenue and its distinct suppliers.
+QUERIES["q3max"] = (QUERIES["q3"][0].replace("sum(revenue) AS revenue FROM", "max(revenue) AS top_line, "
+                                             "count(DISTINCT l_suppkey) AS suppliers FROM")
+                    .replace("l.l_extendedprice * (1 - l.l_discount) AS revenue",
+                             "l.l_suppkey, l.l_extendedprice * (1 - l.l_discount) AS revenue"),
+                    ("l_orderkey",), QUERIES["q3"][2])
 #: Each table's key, and its files per scale factor 1 (at least 1).
 TABLES = {"customer": ("c_custkey", 2), "orders": ("o_orderkey", 16), "lineitem": ("l_orderkey", 48),
           "supplier": ("s_suppkey", 1), "nation": ("n_nationkey", 1), "region": ("r_regionkey", 1)}

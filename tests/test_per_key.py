@@ -129,11 +129,14 @@ BY_TOP = "SELECT top, count(*) AS n FROM (SELECT cust, max(amount) AS top FROM o
     ("SELECT c.segment, sum(CAST(o.amount AS DOUBLE)) AS s FROM orders o LEFT JOIN customers c "
      "ON o.cust = c.cust GROUP BY c.segment", None),                         # a float sum over it
     ("SELECT top, count(*) AS n FROM (SELECT o.cust, max(o.amount) AS top FROM orders o JOIN payments p "
-     "ON o.id = p.paid GROUP BY o.cust) GROUP BY top", None),               # its groups are not the join's key
+     "ON o.id = p.paid GROUP BY o.cust) GROUP BY top",
+     PerGroup({"orders": ("cust",)}, ("payments",), (0,))),                        # over an aggregate of an inner join
+    ("SELECT top, count(*) AS n FROM (SELECT o.cust, max(p.cust) AS top FROM orders o LEFT JOIN payments p "
+     "ON o.id = p.paid GROUP BY o.cust) GROUP BY top", None),               # its groups are not the outer join's key
     ("SELECT c.segment, count(*) AS n FROM orders o LEFT JOIN customers c ON o.cust < c.cust "
      "GROUP BY c.segment", None),                                            # over a non-equi join
-], ids=["by-order-count", "by-segment", "by-top", "max-over", "float-sum-over", "over-groups-not-keys",
-        "over-non-equi"])
+], ids=["by-order-count", "by-segment", "by-top", "max-over", "float-sum-over", "over-inner-join-groups",
+        "over-groups-not-keys", "over-non-equi"])
 def test_which_queries_are_linear_aggregates_of_groups(spark, unchanged_sources, sql, keys):
     """A linear aggregate over a per-group query, over rows held in Spark, each source read once,
     as a view checks it (and over the sources first)."""
@@ -147,9 +150,93 @@ def test_which_queries_are_linear_aggregates_of_groups(spark, unchanged_sources,
         held[name].createOrReplaceTempView(name)
     names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
     aggregate, shape = aggregate_of_groups(spark.sql(sql), HELD_ROWS, names)
-    assert shape == (PerGroup(keys) if keys else None)
+    assert shape == (keys if isinstance(keys, PerGroup) else PerGroup(keys) if keys else None)
     assert (aggregate is not None) == (keys is not None) == (shape_over_sources[0] is not None)
     assert per_group(spark.sql(sql), HELD_ROWS, names) is None  # not per-group itself
+
+
+#: Aggregates of inner joins grouped by columns of their sources, not a key every join equates:
+#: the largest order per segment (customers hold the groups), and per customer the distinct
+#: segments and largest payment matching an order's amount (orders and customers hold them).
+SEGMENT_MAX = ("SELECT c.segment, max(o.amount) AS top, count(DISTINCT o.id) AS n FROM orders o JOIN customers c "
+               "ON o.cust = c.cust GROUP BY c.segment")
+PAID_MAX = ("SELECT o.cust, count(DISTINCT c.segment) AS kinds, max(p.paid) AS paid FROM orders o JOIN customers c "
+            "ON o.cust = c.cust JOIN payments p ON p.paid = o.amount GROUP BY o.cust")
+BY_ORDER = ("SELECT o.id, min(c.segment) AS s, max(p.paid) AS paid FROM orders o JOIN customers c ON o.cust = c.cust "
+            "JOIN payments p ON p.cust = c.cust GROUP BY o.id HAVING count(*) > 1")
+
+
+@pytest.mark.parametrize("sql, keys, whole, grouping", [
+    (SEGMENT_MAX, {"customers": ("segment",)}, ("orders",), (0,)),
+    (PAID_MAX, BY_CUST, ("payments",), (0,)),
+    (BY_ORDER, {"orders": ("id",)}, ("customers", "payments"), (0,)),
+    ("SELECT c.segment, o.cust, max(o.amount) AS m FROM orders o JOIN customers c ON o.cust = c.cust "
+     "JOIN payments p ON p.paid = o.amount GROUP BY c.segment, o.cust",
+     BY_CUST, ("payments",), (1,)),                                          # the column two sources hold
+    ("SELECT o.id, c.segment, max(p.paid) AS m FROM orders o JOIN customers c ON o.cust = c.cust "
+     "JOIN payments p ON p.paid = o.amount GROUP BY o.id, c.segment",
+     {"orders": ("id",)}, ("customers", "payments"), (0,)),                  # each held by one: the first
+    ("SELECT c.segment, c.cust, max(o.amount) AS m FROM orders o JOIN customers c ON o.amount < c.cust "
+     "GROUP BY c.segment, c.cust", {"customers": ("segment", "cust")}, ("orders",), (0, 1)),  # one holds both
+    ("SELECT o.amount + 1 AS a, max(o.id) AS m FROM orders o JOIN customers c ON o.cust = c.cust "
+     "GROUP BY o.amount + 1", None, None, None),                             # a computed group
+    ("SELECT c.segment, max(o.amount) AS m FROM orders o JOIN customers c ON o.cust = c.cust "
+     "WHERE rand() > 0.5 GROUP BY c.segment", None, None, None),             # not deterministic
+    ("SELECT c.segment, sum(CAST(o.amount AS DOUBLE)) AS s FROM orders o JOIN customers c ON o.cust = c.cust "
+     "GROUP BY c.segment", None, None, None),                                # a float sum
+    ("SELECT c.segment, max(o.amount) AS m FROM orders o JOIN customers c ON o.cust < c.cust "
+     "GROUP BY c.segment", {"customers": ("segment",)}, ("orders",), (0,)),  # not an equi-join: still linear
+    ("SELECT max(o.amount) AS m FROM orders o JOIN customers c ON o.cust = c.cust", None, None, None),  # no group
+    ("SELECT a.cust, max(b.amount) AS m FROM orders a JOIN orders b ON a.id = b.cust GROUP BY a.cust",
+     None, None, None),                                                      # a source read twice
+], ids=["segment-max", "paid-max", "by-order-having", "held-by-two", "each-by-one", "one-holds-both", "computed",
+        "rand", "float-sum", "non-equi", "no-group-by", "self"])
+def test_which_queries_are_aggregates_of_inner_joins(spark, unchanged_sources, sql, keys, whole, grouping):
+    """Over rows held in Spark, each source read once, as a view checks it (and over the sources
+    first): the grouping columns the sources that hold them restrict by (those the most sources
+    hold), those sources with their columns, and the sources read whole."""
+    sources = unchanged_sources
+    for name, path in sources.items():
+        spark.read.format("delta").load(path).createOrReplaceTempView(name)
+    over_sources = per_group(spark.sql(sql), TABLE_SCAN)
+    held = {}
+    for name in sources:
+        held[name] = spark.table(name).limit(0).localCheckpoint(eager=True)
+        held[name].createOrReplaceTempView(name)
+    names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+    shape = per_group(spark.sql(sql), HELD_ROWS, names)
+    assert shape == (PerGroup(keys, whole, grouping) if keys else None)
+    if keys is not None:  # the shape checked over the sources first (which leaf is which source only after)
+        assert over_sources is not None and shape.strategy == "per-group recompute"
+
+
+@pytest.mark.parametrize("sql, key, without_feed, linear", [
+    (SEGMENT_MAX, ("segment",), ("customers",), False),
+    (PAID_MAX, ("cust",), ("payments",), False),
+    (BY_ORDER, ("id",), ("orders",), False),
+    ("SELECT o.id, c.segment, max(p.paid) AS m, count(DISTINCT p.cust) AS payers FROM orders o JOIN customers c "
+     "ON o.cust = c.cust JOIN payments p ON p.paid = o.amount GROUP BY o.id, c.segment", (), (), False),
+    (f"SELECT paid, count(*) AS n, sum(kinds) AS k FROM ({PAID_MAX}) GROUP BY paid", ("paid",), (), True),
+], ids=["segment-max-customers-no-feed", "paid-max-payments-no-feed", "by-order-having-orders-no-feed",
+        "by-order-and-segment", "linear-over-it"])
+def test_aggregates_of_inner_joins_equal_the_full_evaluation_at_every_time(spark, tmp_path, strategies, sql, key,
+                                                                           without_feed, linear):
+    """Random commits to orders, customers and payments (duplicates, null keys, orders moving
+    customer, customers moving segment, deletes on several sides in one time, a row deleted and
+    inserted again, groups appearing and emptying), a source without change data feed, a replica
+    catching up over every time at once: at every time the view equals the full evaluation, and
+    every range recomputed the changed groups (the whole sources' found by joining their changes),
+    or moved the linear aggregate over them by those."""
+    rng = random.Random(43)
+    sources = _sources(spark, tmp_path, rng)
+    edit = _random_commits(spark, sources, rng, without_feed, orders=0.6)
+    view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng, key=key)
+    desired = view.desired
+    assert desired.per_group is not None and desired.per_group.whole and desired._previous is None
+    assert strategies and set(strategies) == {"linear aggregate of per-group recompute" if linear
+                                              else "per-group recompute"}, strategies
+    assert "aggregate of an inner join grouped by columns of its sources" in desired.strategy_description()
+    assert f"{', '.join(desired.per_group.whole)} read whole" in desired.strategy_description()
 
 
 #: Rollups: a linear aggregate of a linear aggregate, over an inner join and over one source.

@@ -39,6 +39,18 @@ def aggregate_core(result: DataFrame) -> DataFrame | None:
     return _core(result, split) if split is not None else None
 
 
+def aggregate_groups(result: DataFrame) -> DataFrame | None:
+    """The distinct values of the grouping columns of ``result``'s ``Aggregate`` (under row-wise
+    nodes, as :func:`aggregate_core` takes it) over its input: the groups that input has rows in,
+    whatever the aggregates and the top do with them; None where it is not that shape."""
+    split = _split(result)
+    if split is None:
+        return None
+    jvm, aggregate, (groups, _, _, child) = split
+    nodes = _Catalyst(jvm)
+    return nodes.frame(result, nodes.logical.Aggregate(groups, groups, child, aggregate.hint()))
+
+
 def _core(result: DataFrame, split) -> DataFrame:
     """:func:`aggregate_core` of ``result``, from its :func:`_split`."""
     jvm, aggregate, (groups, functions, _, child) = split

@@ -17,7 +17,20 @@ optimized logical plan, every expression deterministic and no subquery, is one o
   its sources with one key value (a join matches only equal keys), and whether a row is padded
   depends only on the other side's rows of that key: the group's value is the key's. A side may
   be an aggregate of one source grouped by its key column (and maybe more), as a view over an
-  aggregate view is: each of its rows depends only on the source's rows of one key.
+  aggregate view is: each of its rows depends only on the source's rows of one key;
+* an **aggregate of an inner join** grouped by columns of its sources: one ``Aggregate`` over
+  projections, filters and inner joins of one scan per source, each read once (no union, no
+  aggregate below), grouping by source columns. Every row of an inner join satisfies every
+  equality of its conditions, so a grouping column equals, in every row, each column the joins
+  equate it with. The group's value is that of some of the grouping columns, ``R``: those one
+  source holds (has such a column for), chosen so that the most sources hold all of ``R`` (Q3's
+  order key, which orders and lineitem hold, not the customer's segment). A group of ``R`` is a
+  union of the query's groups, each whole: those sources' rows with its value are all the rows
+  of the join with it. The sources that do not hold ``R`` (at least one: else a key join) are
+  read *whole*: which groups their changes touch is found by joining their changes with the
+  other sources, as an inner join's change is (:mod:`mvsink.desired.join`; ``G(t)`` is then ``R``
+  of the join's change at ``t``, each source's own or found so), and in a recompute they are
+  read in full, the sources that hold ``R`` only in ``G(t)``.
 
 Every aggregate function must be one whose result does not depend on the order of its rows
 (:data:`ORDER_FREE`: ``min``, ``max``, ``count`` and ``count(DISTINCT ...)``, ``percentile``, and
@@ -32,7 +45,8 @@ deleted, of every source that moved), every group outside ``G(t)`` has the same 
 as at the time before, so the same output rows: the view's change at ``t`` is the query over the
 sources at ``t``'s versions restricted to ``G(t)`` at +1, and over the versions before restricted to
 ``G(t)`` at -1, consolidated. The restriction is applied to each source's rows, below the joins and
-the aggregate (:func:`in_groups`, null-safe), after the read is pruned to a few ranges of ``G``'s
+the aggregate (:func:`in_groups`, null-safe; of an inner join's sources, to those that hold the
+groups), after the read is pruned to a few ranges of ``G``'s
 values (:func:`~mvsink.desired.join.pruned`), and only the files that can hold those values are
 read (listed by :mod:`~mvsink.desired.listed_files`, else skipped by Delta's data skipping);
 :class:`~mvsink.desired.snapshot.SnapshotDesired` reads the changes and the ranges once per step.
@@ -56,6 +70,7 @@ from functools import reduce
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from mvsink.desired.join import plan_is_inner_join
 from mvsink.desired.row_wise import ROW_WISE_NODES, leaf_columns, plan_is_row_wise, scala_items, under_row_wise
 
 #: Aggregate functions (Catalyst's names) whose result does not depend on the order of the rows.
@@ -72,15 +87,21 @@ _KEY_JOINS = {"Inner": (True, True), "LeftOuter": (True, False), "RightOuter": (
 
 @dataclass(frozen=True)
 class PerGroup:
-    """The shape of a per-group query: per source (by its name), the columns whose values are a
-    row's group, in the same order for every source (a key join's equated columns line up)."""
+    """The shape of a per-group query: per source that holds the groups (by its name), the columns
+    whose values are a row's group, in the same order for every source (a key join's equated
+    columns line up); for an aggregate of an inner join, the sources that do not hold them, read
+    whole."""
 
     keys: dict[str, tuple[str, ...]]
+    whole: tuple[str, ...] = ()
+    #: For an aggregate of an inner join: the grouping columns (by place) that ``keys`` are, ``R``.
+    grouping: tuple[int, ...] = ()
 
     @property
     def joins(self) -> bool:
-        """Whether the query is a key join of several sources (else an aggregate of one)."""
-        return len(self.keys) > 1
+        """Whether the query is a key join of several sources (else an aggregate of one, or of an
+        inner join)."""
+        return len(self.keys) > 1 and not self.whole
 
     @property
     def strategy(self) -> str:
@@ -104,14 +125,18 @@ def per_group(result: DataFrame, scan: str, names: dict[int, str] | None = None)
     if plan_is_row_wise(below, scan):
         return _one_source(aggregate, below, names)
     tree = _KeyJoin.of(below, scan)
-    if tree is None or (names is not None and len({names.get(leaf.rdd().id()) for leaf in tree.leaves} - {None})
-                        != len(tree.leaves)):
-        return None
-    keys = tree.keys()
-    if not keys or aggregate is not None and not tree.groups_hold_keys(aggregate, keys):
+    if tree is None or not _distinct_sources(tree.leaves, names):
         return None
     name = (lambda i, leaf: names[leaf.rdd().id()]) if names is not None else (lambda i, leaf: f"source {i + 1}")
-    return PerGroup({name(i, leaf): tuple(key[i] for key in keys) for i, leaf in enumerate(tree.leaves)})
+    keys = tree.keys()
+    if keys and (aggregate is None or tree.groups_hold_keys(aggregate, keys)):
+        return PerGroup({name(i, leaf): tuple(key[i] for key in keys) for i, leaf in enumerate(tree.leaves)})
+    found = tree.holding_groups(aggregate, scan) if aggregate is not None else None
+    if found is None:
+        return None
+    grouping, held = found
+    return PerGroup({name(i, tree.leaves[i]): columns for i, columns in held.items()},
+                    tuple(name(i, leaf) for i, leaf in enumerate(tree.leaves) if i not in held), grouping)
 
 
 def _one_source(aggregate, below, names: dict[int, str] | None) -> PerGroup | None:
@@ -127,6 +152,14 @@ def _one_source(aggregate, below, names: dict[int, str] | None) -> PerGroup | No
         leaf = leaf.children().head()
     name = names.get(leaf.rdd().id()) if names is not None else "source 1"
     return PerGroup({name: columns}) if columns is not None and name is not None else None
+
+
+def _distinct_sources(leaves: list, names: dict[int, str] | None) -> bool:
+    """Whether ``leaves`` are distinct sources: each named (by ``names``, where given) and none
+    twice; without names, no two scanning the same rows (a table read twice)."""
+    if names is not None:
+        return len({names.get(leaf.rdd().id()) for leaf in leaves} - {None}) == len(leaves)
+    return not any(a.sameResult(b) for i, a in enumerate(leaves) for b in leaves[i + 1:])
 
 
 class _KeyJoin:
@@ -215,10 +248,9 @@ class _KeyJoin:
                 names = {a.exprId().id(): a.name() for a in scala_items(node.output())}
                 return (index, names[attribute]) if index is not None and attribute in names else None
 
-    def keys(self) -> list[tuple[str, ...]]:
-        """The keys: sets of columns, one of each leaf (by leaf index), that every join equates
-        (its leaf columns connected by the joins' equalities; through an aggregate, only a
-        column it groups by is one); none if there is none."""
+    def _classes(self) -> dict[tuple[int, str], list[tuple[int, str]]]:
+        """For each leaf column some join's equality names, the leaf columns connected to it by
+        the joins' equalities (itself included), all in one list per class."""
         parent: dict = {}
 
         def root(x):
@@ -232,14 +264,53 @@ class _KeyJoin:
         classes: dict = {}
         for column in parent:
             classes.setdefault(root(column), []).append(column)
-        keys = []
-        for members in classes.values():
+        return {column: members for members in classes.values() for column in members}
+
+    def keys(self) -> list[tuple[str, ...]]:
+        """The keys: sets of columns, one of each leaf (by leaf index), that every join equates
+        (its leaf columns connected by the joins' equalities; through an aggregate, only a
+        column it groups by is one); none if there is none."""
+        keys, seen = [], set()
+        for members in self._classes().values():
+            if id(members) in seen:
+                continue
+            seen.add(id(members))
             by_leaf = dict(members)
             if len(by_leaf) != len(members) or len(by_leaf) != len(self.leaves):
                 continue  # a leaf with two columns in it, or none
-            if all(any(root(a) == root(members[0]) for a, _ in pairs) for pairs in self.equalities):
+            if all(any(a in members for a, _ in pairs) for pairs in self.equalities):
                 keys.append(tuple(by_leaf[i] for i in range(len(self.leaves))))
         return keys
+
+    def holding_groups(self, aggregate, scan: str) -> tuple[tuple[int, ...], dict[int, tuple[str, ...]]] | None:
+        """Where ``aggregate`` groups an inner join (no union, no aggregate below) by columns of
+        its leaves: ``R``, the grouping columns (by place) one leaf holds that the most leaves
+        hold (then the most columns), and those leaves (by index), each with its column equal to
+        each of ``R`` in every row; None if the join is not one, a grouping column is not a leaf's
+        column, or every leaf holds ``R`` (a key join, another strategy's)."""
+        groups = scala_items(aggregate.groupingExpressions())
+        if not groups or any(g.nodeName() != "AttributeReference" for g in groups) or not plan_is_inner_join(
+                aggregate.child(), scan, len(self.leaves)):
+            return None
+        traced = [self._trace(aggregate.child(), g.exprId().id()) for g in groups]
+        if None in traced:
+            return None
+        classes = self._classes()
+
+        def column(leaf: int, group: tuple[int, str]) -> str | None:
+            """The leaf's column equal to the grouping column in every row (None: it has none)."""
+            return min((c for i, c in classes.get(group, [group]) if i == leaf), default=None)
+
+        best = ((), {})
+        for leaf in range(len(self.leaves)):
+            grouping = tuple(k for k, g in enumerate(traced) if column(leaf, g) is not None)
+            if not grouping:
+                continue
+            held = {i: tuple(column(i, traced[k]) for k in grouping) for i in range(len(self.leaves))
+                    if all(column(i, traced[k]) is not None for k in grouping)}
+            if (len(held), len(grouping)) > (len(best[1]), len(best[0])):
+                best = (grouping, held)
+        return best if 0 < len(best[1]) < len(self.leaves) else None
 
     def groups_hold_keys(self, aggregate, keys: list[tuple[str, ...]]) -> bool:
         """Whether ``aggregate`` (over the join) groups by, for every key, a column of it of a leaf

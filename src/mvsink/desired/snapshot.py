@@ -12,7 +12,9 @@ aggregates of the source's changes. Another aggregate of one source grouped by i
 max, distinct counts, percentiles: :mod:`mvsink.desired.per_group`) is recomputed for
 the groups the source's changes touch, before and after; so is a *key join* (outer, semi and anti
 joins of sources by a key every join equates, or an aggregate over one grouped by the key), for the
-keys the sources' changes touch. A linear aggregate over either of those keeps its groups' state and
+keys the sources' changes touch; and an aggregate of an inner join grouped by its sources'
+columns, for the groups the join's change touches (the sources that hold no grouping column read
+whole, their changes joined with the others to find their groups). A linear aggregate over either of those keeps its groups' state and
 moves it by those recomputed rows; one over a linear aggregate (a rollup) keeps both states, the one
 below moving the one above. Under expressions of its aggregates and ``HAVING`` (a row-wise top,
 :mod:`mvsink.desired.aggregate_top`), any of these keeps its aggregate's state, and the top maps the
@@ -49,7 +51,7 @@ from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
-from mvsink.desired.aggregate_top import RowWiseTop
+from mvsink.desired.aggregate_top import RowWiseTop, aggregate_groups
 from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small,
                                     held_changes, touched_ranges, unreadable)
 from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
@@ -70,6 +72,7 @@ from mvsink.view import ConfigError, SnapshotInput, ViewDefinition, ViewQuery, s
 log = logging.getLogger(__name__)
 
 _MOVED, _SOURCE_KEYS, _FEED_KEYS = "mvsink_moved_groups", "mvsink_source_keys", "mvsink_feed_keys"
+_JOINED_GROUPS = "mvsink_joined_groups"
 #: The most groups a linear aggregate's state may have to be moved in one task (see
 #: :meth:`SnapshotDesired._aggregate_changes`).
 ONE_TASK_GROUPS = 100_000
@@ -96,6 +99,13 @@ class SourceFeeds:
     #: The rows of each listing read whole, one DataFrame for the terms that share it (a join's
     #: inserted and deleted rows'), by the same keys.
     listed_rows: dict[tuple, DataFrame] = field(default_factory=dict)
+    #: For an aggregate of an inner join: the groups the changes of its sources read whole touch
+    #: (``_group_<i>``, ``TIME``), held; the times they have rows at; per group column, the ranges
+    #: covering them and whether one is null (None: not of a type ranges prune). See
+    #: :meth:`SnapshotDesired._joined_groups`.
+    joined: DataFrame | None = None
+    joined_times: set[int] = field(default_factory=set)
+    joined_cuts: list[tuple[list[tuple], bool] | None] = field(default_factory=list)
 
 
 class SnapshotDesired(Desired):
@@ -180,6 +190,8 @@ class SnapshotDesired(Desired):
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
         by_joins = len(self.read) > 1 and (self.join or self.aggregate) and self.per_group is None
         self._join_keys = join_keys(over_held, read_held) if by_joins else {}
+        if self.per_group is not None and self.per_group.whole:  # its whole sources' changes are joined
+            self._join_keys = join_keys(aggregate_groups(self._per_group_query(over_held)), read_held)
         #: For a union all (or an aggregate over one): per source, the sources apart from it (no branch
         #: joins them, :func:`~mvsink.desired.join.apart_sources`), read as no rows (``_no_rows``) in its terms.
         self._apart = apart_sources(over_held, read_held) if by_joins else {}
@@ -203,12 +215,17 @@ class SnapshotDesired(Desired):
         by ``mvsink explain``)."""
         if self.row_wise:
             return "its query is row-wise: its changes are the query over the source's changes"
+        if self.aggregate is not None and self.per_group is not None and self.per_group.whole:
+            return ("its query is a linear aggregate over an aggregate of an inner join grouped by columns of its "
+                    f"sources: its groups are moved by that aggregate's rows of {self._group_words}{self._top_words}")
         if self.aggregate is not None and self.per_group is not None:
             over, touched = (("a key join of its sources (an outer join, or an aggregate grouped by the key)", "keys")
                              if self.per_group.joins else ("an aggregate of one source grouped by its columns", "groups"))
             return (f"its query is a linear aggregate over {over}: its groups are moved by that query's rows of "
                     f"the {touched} the sources' changes touch, recomputed before and after; each source read only "
                     f"where its columns meet the changes' ({self._group_columns}){self._top_words}")
+        if self.per_group is not None and self.per_group.whole:
+            return (f"its query is an aggregate of an inner join grouped by columns of its sources: {self._group_words}")
         if self.per_group is not None and not self.per_group.joins:
             (columns,) = self.per_group.keys.values()
             return ("its query is an aggregate of one source grouped by its columns: its changes are the groups "
@@ -249,6 +266,14 @@ class SnapshotDesired(Desired):
         """What a linear aggregate under a top does with it, in words (nothing without one)."""
         return ("; its expressions of aggregates and filters above them (HAVING) are applied to the groups' rows "
                 "retracted and added" if self._top is not None else "")
+
+    @property
+    def _group_words(self) -> str:
+        """How an aggregate of an inner join finds and recomputes its changed groups, in words."""
+        whole = ", ".join(self.per_group.whole)
+        return (f"the groups the sources' changes touch (those of {whole} found by joining their changes with the "
+                f"other sources), recomputed before and after; the sources that hold the groups read only where "
+                f"their columns meet the changed groups' ({self._group_columns}), {whole} read whole")
 
     @property
     def _group_columns(self) -> str:
@@ -498,11 +523,12 @@ class SnapshotDesired(Desired):
         """Source ``name``'s columns (of ``schema``) whose values in its change prune reads by
         their ranges: its join keys (the other sides' reads), or a per-group aggregate's grouping
         columns of a type ranges prune (the source's own reads)."""
-        if self.per_group is not None:
-            return [c for c in self.per_group.keys.get(name, ()) if is_ranged(schema[c].dataType.simpleString())]
+        if self.per_group is not None and name in self.per_group.keys:
+            return [c for c in self.per_group.keys[name] if is_ranged(schema[c].dataType.simpleString())]
         return sorted({column for pairs in self._join_keys.get(name, {}).values() for column, _ in pairs})
 
-    def _change_terms(self, time: int, feeds: SourceFeeds) -> list[tuple[int, DataFrame]]:
+    def _change_terms(self, time: int, feeds: SourceFeeds, of: tuple[str, ...] | None = None
+                      ) -> list[tuple[int, DataFrame]]:
         """The query's change at ``time`` as terms ``(diff, result)``: per source whose version
         moves, the query over its inserted rows (+1) and its deleted rows (-1) and the other
         sources, those before it (in the view's order) at the time's versions, those after it
@@ -511,11 +537,12 @@ class SnapshotDesired(Desired):
         column, cut once for all the times of the feeds by :meth:`_source_feeds`; one source: the
         query over its change alone); the sources apart from it in a union all as no rows.
         A change none of whose rows has a key to join by has no term: its rows join nothing; nor
-        has a change with no inserted (or no deleted) rows at ``time`` a term for them."""
+        has a change with no inserted (or no deleted) rows at ``time`` a term for them. With ``of``,
+        only those sources' terms."""
         names, terms = list(self.read), []
         before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
         for i, name in enumerate(names):
-            if before[name] == after[name] or any(
+            if before[name] == after[name] or of is not None and name not in of or any(
                     not feeds.ranges[name, column] for pairs in self._join_keys.get(name, {}).values()
                     for column, _ in pairs):
                 continue
@@ -620,7 +647,7 @@ class SnapshotDesired(Desired):
         # held: read once for all the times, and a query over held rows keeps its Aggregate (over
         # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
         feeds = self._source_feeds(times)
-        group_cuts = self._group_ranges(feeds) if self.per_group is not None else None
+        group_cuts = self._group_ranges(times, feeds) if self.per_group is not None else None
         parts, key_moving, size, key_moves, executed, cuts = [], [], 0, False, [], []
         for time in times:
             terms = (self._change_terms(time, feeds) if group_cuts is None
@@ -676,7 +703,7 @@ class SnapshotDesired(Desired):
         (-1), each restricted to the time's changed groups (:meth:`_group_terms`), consolidated
         (see :mod:`mvsink.desired.per_group`)."""
         feeds = self._source_feeds(times)
-        cuts = self._group_ranges(feeds)
+        cuts = self._group_ranges(times, feeds)
         parts = [self._as_updates(result, time, diff)
                  for time in times for diff, result in self._group_terms(time, feeds, cuts)]
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
@@ -688,34 +715,80 @@ class SnapshotDesired(Desired):
         """The per-group query's change at ``time`` as terms ``(diff, result)``: the query over the
         sources at the time's versions (+1) and at the versions before (-1), each source restricted
         to the groups of the sources' rows changed at that time; none where no source's rows did.
-        Each source is read where its group columns lie in ``cuts`` (:meth:`_group_ranges`, the
-        ranges of the step's changed values of every source, or null, where some is), then
-        exactly in the time's groups."""
+        Each source that holds the groups is read where its group columns lie in ``cuts``
+        (:meth:`_group_ranges`, the ranges of the step's changed values of every source, or null,
+        where some is), then exactly in the time's groups; a source read whole (of an aggregate of
+        an inner join) is read in full, its groups found by :meth:`_joined_groups`."""
         keys = self.per_group.keys
-        moved = [name for name in keys if name in feeds.rows and {(time, 1), (time, -1)} & feeds.present[name]]
+        moved = [feeds.rows[name].where(F.col(TIME) == time).select(
+                     *(F.col(c).alias(f"_group_{i}") for i, c in enumerate(keys[name])))
+                 for name in keys if name in feeds.rows and {(time, 1), (time, -1)} & feeds.present[name]]
+        if time in feeds.joined_times:
+            moved.append(feeds.joined.where(F.col(TIME) == time).drop(TIME))
         if not moved:
             return []
-        groups = reduce(DataFrame.unionByName, [
-            feeds.rows[name].where(F.col(TIME) == time)
-            .select(*(F.col(c).alias(f"_group_{i}") for i, c in enumerate(keys[name]))) for name in moved]).distinct()
-        after, before, restricted = self.timeline.versions(time), self.timeline.versions(time - 1), {}
+        groups = reduce(DataFrame.unionByName, moved).distinct()
+        after, before = self.timeline.versions(time), self.timeline.versions(time - 1)
+        restricted = {name: (self._pinned(name, after[name]), self._pinned(name, before[name]))
+                      for name in self.per_group.whole}
         for name, columns in keys.items():
             restricted[name] = self._in_groups_after_and_before(name, (after[name], before[name]), [
                 (column, *cut) for column, cut in zip(columns, cuts) if cut is not None], groups, feeds)
         return [(diff, self._query({**self._unread_rows, **{name: pair[i] for name, pair in restricted.items()}}))
                 for i, diff in enumerate((1, -1))]
 
-    def _group_ranges(self, feeds: SourceFeeds) -> list[tuple[list[tuple], bool] | None]:
+    def _per_group_query(self, result: DataFrame) -> DataFrame:
+        """The per-group query of ``result`` (the view's query over some rows): itself, or the
+        input of the linear aggregate over it."""
+        return self.aggregate.aggregate_input(result) if self.aggregate is not None else result
+
+    def _joined_groups(self, times: list[int], feeds: SourceFeeds) -> None:
+        """For an aggregate of an inner join: the groups that the changes at ``times`` of its
+        sources read whole touch, the grouping columns' distinct values over each such source's
+        terms of the join's change (:meth:`_change_terms`: its change joined with the other
+        sources, read where they join it), held in ``feeds`` with the times they have rows at and
+        each column's ranges (observed by the job that holds them, where the changes are small;
+        else one bounded job per column)."""
+        whole = tuple(name for name in self.per_group.whole if name in feeds.rows)
+        grouping, columns = self.per_group.grouping, [f"_group_{i}" for i in range(len(self.per_group.grouping))]
+        parts = [self._groups_of(result, grouping, columns).withColumn(TIME, F.lit(time).cast("long"))
+                 for time in times for _, result in self._change_terms(time, feeds, whole)] if whole else []
+        if not parts:
+            return
+        rows = reduce(DataFrame.unionByName, parts)
+        ranged = [c for c in columns if is_ranged(rows.schema[c].dataType.simpleString())]
+        held, (present, *found) = held_observing(
+            rows, _JOINED_GROUPS, F.to_json(F.collect_set(TIME)), *(F.max(F.col(c).isNull()) for c in ranged),
+            *(key_sets(ranged) if feeds.small else []))
+        ranges = key_ranges(held, ranged, found[len(ranged):] if feeds.small else None)
+        nulls = dict(zip(ranged, found[:len(ranged)]))
+        feeds.joined, feeds.joined_times = held, set(json.loads(present))
+        feeds.joined_cuts = [(ranges[c], bool(nulls[c])) if c in ranges else None for c in columns]
+
+    def _groups_of(self, result: DataFrame, grouping: tuple[int, ...], columns: list[str]) -> DataFrame:
+        """The values of the grouping columns at ``grouping`` (by place) of the per-group query of
+        ``result``, named ``columns``: its groups' (:func:`~mvsink.desired.aggregate_top.aggregate_groups`)."""
+        groups = aggregate_groups(self._per_group_query(result))
+        groups = groups.toDF(*(f"_grouping_{k}" for k in range(len(groups.columns))))  # names may repeat
+        return groups.select(*(F.col(f"_grouping_{k}").alias(c) for k, c in zip(grouping, columns)))
+
+    def _group_ranges(self, times: list[int], feeds: SourceFeeds) -> list[tuple[list[tuple], bool] | None]:
         """Per group column (by its place in :attr:`per_group`'s keys): the ranges covering the
-        values of it in every source's change of the step, and whether one is null; None where a
-        changed source's column is not of a type ranges prune."""
+        values of it in every source's change of the step (and in the groups
+        :meth:`_joined_groups` finds, first held), and whether one is null; None where a changed
+        source's column is not of a type ranges prune."""
         keys = self.per_group.keys
+        if self.per_group.whole:
+            self._joined_groups(times, feeds)
         changed = [name for name in keys if name in feeds.rows]
         cuts = []
         for i in range(len(next(iter(keys.values())))):
-            columns = [(name, keys[name][i]) for name in changed]
-            cuts.append(None if not all(c in feeds.ranges for c in columns) else
-                        ([r for c in columns for r in feeds.ranges[c]], any(feeds.nulls[c] for c in columns)))
+            parts = [(feeds.ranges[c], feeds.nulls[c]) if c in feeds.ranges else None
+                     for c in ((name, keys[name][i]) for name in changed)]
+            if feeds.joined is not None:
+                parts.append(feeds.joined_cuts[i])
+            cuts.append(None if None in parts else
+                        ([r for ranges, _ in parts for r in ranges], any(null for _, null in parts)))
         return cuts
 
     @staticmethod
