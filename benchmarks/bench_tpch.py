@@ -52,7 +52,7 @@ With ``--spark-work``, each mvsink round's Spark work is printed at the end, rea
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
 Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3seg|q1|q5|q10|q13|q13dist|lines|custorders]
-[--scale 1] [--rounds 5] [--changed-orders N] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
+[--scale 1] [--rounds 5] [--changed-orders N] [--moved-customers 0.001] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
 from __future__ import annotations
@@ -155,6 +155,9 @@ def main() -> int:
     parser.add_argument("--new-fraction", type=float, default=0.001, help="orders added per round (default 0.1%%)")
     parser.add_argument("--delete-fraction", type=float, default=0.001,
                         help="orders deleted per round, the oldest (default 0.1%%)")
+    parser.add_argument("--moved-customers", type=float, default=0.0,
+                        help="customers moved to another market segment per round, where the query reads customer "
+                             "(default 0; TPC-H's refreshes do not; 0.001 for 0.1%%)")
     parser.add_argument("--changed-orders", type=int, default=None,
                         help="orders added and orders deleted per round (overrides both fractions)")
     parser.add_argument("--refresh", choices=("auto", "incremental", "full"), default="auto",
@@ -180,11 +183,13 @@ def generate(scale: float, tables: tuple[str, ...], directory: str) -> None:
 
 
 def refresh(spark, sources: dict[str, str], round_: int, new_orders: int, deleted_orders: int,
-            orders_count: int) -> int:
+            orders_count: int, moved_customers: float = 0.0) -> int:
     """One round of refreshes: ``new_orders`` orders copied (spread over the key space) with keys
     above the largest, with their lineitems; the ``deleted_orders`` oldest orders deleted with
     theirs. Only the loaded ones of orders and lineitem are changed (their order keys from
-    orders, else from lineitem). Returns the largest order key deleted."""
+    orders, else from lineitem). With ``moved_customers``, that fraction of the customers (spread
+    over the key space), if loaded, move to the next market segment, in one commit. Returns the
+    largest order key deleted."""
     from pyspark.sql import functions as F
 
     tables = {name: spark.read.format("delta").load(sources[name])
@@ -206,6 +211,11 @@ def refresh(spark, sources: dict[str, str], round_: int, new_orders: int, delete
     for name, column in (("orders", "o_orderkey"), ("lineitem", "l_orderkey")):
         if name in tables:
             spark.sql(f"DELETE FROM delta.`{sources[name]}` WHERE {column} <= {oldest}")
+    if moved_customers and "customer" in sources:
+        segments = ["AUTOMOBILE", "BUILDING", "FURNITURE", "HOUSEHOLD", "MACHINERY"]
+        following = " ".join(f"WHEN '{a}' THEN '{b}'" for a, b in zip(segments, segments[1:] + segments[:1]))
+        spark.sql(f"UPDATE delta.`{sources['customer']}` SET c_mktsegment = CASE c_mktsegment {following} END "
+                  f"WHERE pmod(xxhash64(c_custkey, {round_}), {max(1, round(1 / moved_customers))}) = 0")
     return oldest
 
 
@@ -292,7 +302,7 @@ def run(args, workdir: str) -> int:
     contenders = {"overwrite": overwrite, "MERGE": merge, "query alone": query_alone}
     strategies, stretches = set(), []  # stretches: each round's mvsink steps, wall clock
     for round_ in range(1, args.rounds + 1):
-        oldest = refresh(spark, sources, round_, new_orders, deleted_orders, orders_count)
+        oldest = refresh(spark, sources, round_, new_orders, deleted_orders, orders_count, args.moved_customers)
         phases_then = dict(view.metrics.phase_seconds)
         steps = {}  # the views take turns going first (the first reads the new source versions' logs)
         for name, each in sorted(views.items(), key=lambda item: item[0] == "mvsink", reverse=round_ % 2 == 1):
@@ -324,7 +334,8 @@ def run(args, workdir: str) -> int:
     print(f"\n=== TPC-H {args.query} view: mvsink vs overwrite vs MERGE-sync vs the query alone ===")
     print(f"machine: {machine()}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
     print(f"workload: scale {args.scale}, view {view_rows:,} rows, {args.rounds} rounds of +{new_orders:,} "
-          f"orders and -{deleted_orders:,} orders with their lineitems; "
+          f"orders and -{deleted_orders:,} orders with their lineitems"
+          f"{f', {args.moved_customers:.2%} of customers moved segment' if args.moved_customers else ''}; "
           f"mvsink strategy: {', '.join(sorted(strategies))}")
     for name, values in times.items():
         print(f"{name:13} p50 {percentile(values, 0.5):6.2f}s  p90 {percentile(values, 0.9):6.2f}s  "

@@ -747,8 +747,7 @@ class SnapshotDesired(Desired):
         sources read whole touch, the grouping columns' distinct values over each such source's
         terms of the join's change (:meth:`_change_terms`: its change joined with the other
         sources, read where they join it), held in ``feeds`` with the times they have rows at and
-        each column's ranges (observed by the job that holds them, where the changes are small;
-        else one bounded job per column)."""
+        each column's ranges (one bounded job per column: a small change can touch many groups)."""
         whole = tuple(name for name in self.per_group.whole if name in feeds.rows)
         grouping, columns = self.per_group.grouping, [f"_group_{i}" for i in range(len(self.per_group.grouping))]
         parts = [self._groups_of(result, grouping, columns).withColumn(TIME, F.lit(time).cast("long"))
@@ -757,11 +756,9 @@ class SnapshotDesired(Desired):
             return
         rows = reduce(DataFrame.unionByName, parts)
         ranged = [c for c in columns if is_ranged(rows.schema[c].dataType.simpleString())]
-        held, (present, *found) = held_observing(
-            rows, _JOINED_GROUPS, F.to_json(F.collect_set(TIME)), *(F.max(F.col(c).isNull()) for c in ranged),
-            *(key_sets(ranged) if feeds.small else []))
-        ranges = key_ranges(held, ranged, found[len(ranged):] if feeds.small else None)
-        nulls = dict(zip(ranged, found[:len(ranged)]))
+        held, (present, *nulls) = held_observing(
+            rows, _JOINED_GROUPS, F.to_json(F.collect_set(TIME)), *(F.max(F.col(c).isNull()) for c in ranged))
+        ranges, nulls = key_ranges(held, ranged), dict(zip(ranged, nulls))
         feeds.joined, feeds.joined_times = held, set(json.loads(present))
         feeds.joined_cuts = [(ranges[c], bool(nulls[c])) if c in ranges else None for c in columns]
 
