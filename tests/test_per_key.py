@@ -95,19 +95,25 @@ def unchanged_sources(spark, tmp_path_factory) -> dict[str, str]:
         "over-aggregate-of-join"])
 def test_which_queries_are_key_joins(spark, unchanged_sources, sql, keys):
     """Over rows held in Spark, each source read once, as a view checks it."""
-    sources = unchanged_sources
+    over_sources, shape, _ = _shapes(spark, unchanged_sources, sql, per_group)
+    assert shape == (PerGroup(keys) if keys else None)
+    if keys is not None:  # the shape checked over the sources first
+        assert over_sources is not None
+
+
+def _shapes(spark, sources: dict[str, str], sql: str, shape: Callable):
+    """``shape(query, scan, names)`` of ``sql`` over the ``sources``' tables, and over rows held in
+    Spark for each (none), registered under the sources' names, as a view checks it; and the
+    names of those rows' leaves (by their RDDs' ids)."""
     for name, path in sources.items():
         spark.read.format("delta").load(path).createOrReplaceTempView(name)
-    over_sources = spark.sql(sql)
+    over_sources = shape(spark.sql(sql), TABLE_SCAN, None)
     held = {}
     for name in sources:
         held[name] = spark.table(name).limit(0).localCheckpoint(eager=True)
         held[name].createOrReplaceTempView(name)
     names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
-    shape = per_group(spark.sql(sql), HELD_ROWS, names)
-    assert shape == (PerGroup(keys) if keys else None)
-    if keys is not None:  # the shape checked over the sources first
-        assert per_group(over_sources, TABLE_SCAN) is not None
+    return over_sources, shape(spark.sql(sql), HELD_ROWS, names), names
 
 
 #: Linear aggregates over per-group queries: TPC-H Q13's shape (customers by their count of orders,
@@ -140,16 +146,7 @@ BY_TOP = "SELECT top, count(*) AS n FROM (SELECT cust, max(amount) AS top FROM o
 def test_which_queries_are_linear_aggregates_of_groups(spark, unchanged_sources, sql, keys):
     """A linear aggregate over a per-group query, over rows held in Spark, each source read once,
     as a view checks it (and over the sources first)."""
-    sources = unchanged_sources
-    for name, path in sources.items():
-        spark.read.format("delta").load(path).createOrReplaceTempView(name)
-    shape_over_sources = aggregate_of_groups(spark.sql(sql), TABLE_SCAN)
-    held = {}
-    for name in sources:
-        held[name] = spark.table(name).limit(0).localCheckpoint(eager=True)
-        held[name].createOrReplaceTempView(name)
-    names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
-    aggregate, shape = aggregate_of_groups(spark.sql(sql), HELD_ROWS, names)
+    shape_over_sources, (aggregate, shape), names = _shapes(spark, unchanged_sources, sql, aggregate_of_groups)
     assert shape == (keys if isinstance(keys, PerGroup) else PerGroup(keys) if keys else None)
     assert (aggregate is not None) == (keys is not None) == (shape_over_sources[0] is not None)
     assert per_group(spark.sql(sql), HELD_ROWS, names) is None  # not per-group itself
@@ -195,16 +192,7 @@ def test_which_queries_are_aggregates_of_inner_joins(spark, unchanged_sources, s
     """Over rows held in Spark, each source read once, as a view checks it (and over the sources
     first): the grouping columns the sources that hold them restrict by (those the most sources
     hold), those sources with their columns, and the sources read whole."""
-    sources = unchanged_sources
-    for name, path in sources.items():
-        spark.read.format("delta").load(path).createOrReplaceTempView(name)
-    over_sources = per_group(spark.sql(sql), TABLE_SCAN)
-    held = {}
-    for name in sources:
-        held[name] = spark.table(name).limit(0).localCheckpoint(eager=True)
-        held[name].createOrReplaceTempView(name)
-    names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
-    shape = per_group(spark.sql(sql), HELD_ROWS, names)
+    over_sources, shape, _ = _shapes(spark, unchanged_sources, sql, per_group)
     assert shape == (PerGroup(keys, whole, grouping) if keys else None)
     if keys is not None:  # the shape checked over the sources first (which leaf is which source only after)
         assert over_sources is not None and shape.strategy == "per-group recompute"
