@@ -13,9 +13,9 @@ updates at the same times. A view's input is one of:
   (:mod:`~mvsink.desired.linear_aggregate`; under expressions of its aggregates and ``HAVING``,
   :mod:`~mvsink.desired.aggregate_top`), the groups (of one source or of an inner join; or a key
   join's keys) they touch recomputed (:mod:`~mvsink.desired.per_group`), each source's changes
-  joined with the other sources (:mod:`~mvsink.desired.join`; for a ``UNION ALL``, those of its branches; the other sides read
-  from the files :mod:`~mvsink.desired.listed_files` lists where it can), or the difference of
-  its full evaluations at consecutive times.
+  joined with the other sources (:mod:`~mvsink.desired.join`; for a ``UNION ALL``, those of its
+  branches; the other sides read from the files :mod:`~mvsink.desired.listed_files` lists where
+  it can), or the difference of its full evaluations at consecutive times.
 
 A source's changes come from the files its commits name in the log: their change data files, else
 the data files they added and removed (:mod:`~mvsink.desired.log_changes`), feed or no feed; from

@@ -14,9 +14,9 @@ the groups the source's changes touch, before and after; so is a *key join* (out
 joins of sources by a key every join equates, or an aggregate over one grouped by the key), for the
 keys the sources' changes touch; and an aggregate of an inner join grouped by its sources'
 columns, for the groups the join's change touches (the sources that hold no grouping column read
-whole, their changes joined with the others to find their groups). A linear aggregate over either of those keeps its groups' state and
-moves it by those recomputed rows; one over a linear aggregate (a rollup) keeps both states, the one
-below moving the one above. Under expressions of its aggregates and ``HAVING`` (a row-wise top,
+whole, their changes joined with the others to find their groups). A linear aggregate over any
+of those keeps its groups' state and moves it by those recomputed rows; one over a linear
+aggregate (a rollup) keeps both states, the one below moving the one above. Under expressions of its aggregates and ``HAVING`` (a row-wise top,
 :mod:`mvsink.desired.aggregate_top`), any of these keeps its aggregate's state, and the top maps the
 rows that state retracts and adds to the query's (consolidated: a row can be retracted and added). Any other query is evaluated once per such
 time, emitting where consecutive results differ: the new result at +1 and the last at -1,
@@ -225,7 +225,7 @@ class SnapshotDesired(Desired):
                     f"the {touched} the sources' changes touch, recomputed before and after; each source read only "
                     f"where its columns meet the changes' ({self._group_columns}){self._top_words}")
         if self.per_group is not None and self.per_group.whole:
-            return (f"its query is an aggregate of an inner join grouped by columns of its sources: {self._group_words}")
+            return f"its query is an aggregate of an inner join grouped by columns of its sources: {self._group_words}"
         if self.per_group is not None and not self.per_group.joins:
             (columns,) = self.per_group.keys.values()
             return ("its query is an aggregate of one source grouped by its columns: its changes are the groups "
