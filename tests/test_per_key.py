@@ -167,9 +167,9 @@ BY_ORDER = ("SELECT o.id, min(c.segment) AS s, max(p.paid) AS paid FROM orders o
     (SEGMENT_MAX, {"customers": ("segment",)}, ("orders",), (0,)),
     (PAID_MAX, BY_CUST, ("payments",), (0,)),
     (BY_ORDER, {"orders": ("id",)}, ("customers", "payments"), (0,)),
-    ("SELECT c.segment, o.cust, max(o.amount) AS m FROM orders o JOIN customers c ON o.cust = c.cust "
+    ("SELECT c.segment, o.cust, max(o.amount) AS m FROM customers c JOIN orders o ON o.cust = c.cust "
      "JOIN payments p ON p.paid = o.amount GROUP BY c.segment, o.cust",
-     BY_CUST, ("payments",), (1,)),                                          # the column two sources hold
+     BY_CUST, ("payments",), (1,)),                      # the column two sources hold, not both of the first's
     ("SELECT o.id, c.segment, max(p.paid) AS m FROM orders o JOIN customers c ON o.cust = c.cust "
      "JOIN payments p ON p.paid = o.amount GROUP BY o.id, c.segment",
      {"orders": ("id",)}, ("customers", "payments"), (0,)),                  # each held by one: the first
