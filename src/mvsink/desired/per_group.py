@@ -248,9 +248,8 @@ class _KeyJoin:
                 names = {a.exprId().id(): a.name() for a in scala_items(node.output())}
                 return (index, names[attribute]) if index is not None and attribute in names else None
 
-    def _classes(self) -> dict[tuple[int, str], list[tuple[int, str]]]:
-        """For each leaf column some join's equality names, the leaf columns connected to it by
-        the joins' equalities (itself included), all in one list per class."""
+    def _classes(self) -> list[list[tuple[int, str]]]:
+        """The leaf columns the joins' equalities name, in classes: those connected by them."""
         parent: dict = {}
 
         def root(x):
@@ -264,17 +263,14 @@ class _KeyJoin:
         classes: dict = {}
         for column in parent:
             classes.setdefault(root(column), []).append(column)
-        return {column: members for members in classes.values() for column in members}
+        return list(classes.values())
 
     def keys(self) -> list[tuple[str, ...]]:
         """The keys: sets of columns, one of each leaf (by leaf index), that every join equates
         (its leaf columns connected by the joins' equalities; through an aggregate, only a
         column it groups by is one); none if there is none."""
-        keys, seen = [], set()
-        for members in self._classes().values():
-            if id(members) in seen:
-                continue
-            seen.add(id(members))
+        keys = []
+        for members in self._classes():
             by_leaf = dict(members)
             if len(by_leaf) != len(members) or len(by_leaf) != len(self.leaves):
                 continue  # a leaf with two columns in it, or none
@@ -295,7 +291,7 @@ class _KeyJoin:
         traced = [self._trace(aggregate.child(), g.exprId().id()) for g in groups]
         if None in traced:
             return None
-        classes = self._classes()
+        classes = {column: members for members in self._classes() for column in members}
 
         def column(leaf: int, group: tuple[int, str]) -> str | None:
             """The leaf's column equal to the grouping column in every row (None: it has none)."""

@@ -16,7 +16,8 @@ keys the sources' changes touch; and an aggregate of an inner join grouped by it
 columns, for the groups the join's change touches (the sources that hold no grouping column read
 whole, their changes joined with the others to find their groups). A linear aggregate over any
 of those keeps its groups' state and moves it by those recomputed rows; one over a linear
-aggregate (a rollup) keeps both states, the one below moving the one above. Under expressions of its aggregates and ``HAVING`` (a row-wise top,
+aggregate (a rollup) keeps both states, the one below moving the one above. Under expressions of
+its aggregates and ``HAVING`` (a row-wise top,
 :mod:`mvsink.desired.aggregate_top`), any of these keeps its aggregate's state, and the top maps the
 rows that state retracts and adds to the query's (consolidated: a row can be retracted and added). Any other query is evaluated once per such
 time, emitting where consecutive results differ: the new result at +1 and the last at -1,
@@ -493,7 +494,9 @@ class SnapshotDesired(Desired):
         source and column) the other sides are read in (:func:`~mvsink.desired.join.key_ranges`;
         for a per-group aggregate, of its grouping columns, by which the source is read) and
         whether each has a null; and the times and diffs each change has rows at. What is known of
-        a change is observed by the Spark job that holds it (a small change's join keys too)."""
+        a change is observed by the Spark job that holds it (a small change's join keys too). For an
+        aggregate of an inner join, also the groups the changes of its sources read whole touch
+        (:meth:`_joined_groups`)."""
         feeds = SourceFeeds({}, True, {}, {}, {})
         before = self.timeline.versions(times[0] - 1)
         self._pinned_reads = {(name, version): rows for (name, version), rows in self._pinned_reads.items()
@@ -517,6 +520,8 @@ class SnapshotDesired(Desired):
             if columns:
                 feeds.ranges.update({(name, column): cut for column, cut
                                      in key_ranges(held, columns, sets if is_small else None).items()})
+        if self.per_group is not None and self.per_group.whole:
+            self._joined_groups(times, feeds)
         return feeds
 
     def _ranged_columns(self, name: str, schema: T.StructType) -> list[str]:
@@ -647,7 +652,7 @@ class SnapshotDesired(Desired):
         # held: read once for all the times, and a query over held rows keeps its Aggregate (over
         # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
         feeds = self._source_feeds(times)
-        group_cuts = self._group_ranges(times, feeds) if self.per_group is not None else None
+        group_cuts = self._group_ranges(feeds) if self.per_group is not None else None
         parts, key_moving, size, key_moves, executed, cuts = [], [], 0, False, [], []
         for time in times:
             terms = (self._change_terms(time, feeds) if group_cuts is None
@@ -703,7 +708,7 @@ class SnapshotDesired(Desired):
         (-1), each restricted to the time's changed groups (:meth:`_group_terms`), consolidated
         (see :mod:`mvsink.desired.per_group`)."""
         feeds = self._source_feeds(times)
-        cuts = self._group_ranges(times, feeds)
+        cuts = self._group_ranges(feeds)
         parts = [self._as_updates(result, time, diff)
                  for time in times for diff, result in self._group_terms(time, feeds, cuts)]
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
@@ -749,12 +754,12 @@ class SnapshotDesired(Desired):
         sources, read where they join it), held in ``feeds`` with the times they have rows at and
         each column's ranges (one bounded job per column: a small change can touch many groups)."""
         whole = tuple(name for name in self.per_group.whole if name in feeds.rows)
-        grouping, columns = self.per_group.grouping, [f"_group_{i}" for i in range(len(self.per_group.grouping))]
-        parts = [self._groups_of(result, grouping, columns).withColumn(TIME, F.lit(time).cast("long"))
+        parts = [self._groups_of(result).withColumn(TIME, F.lit(time).cast("long"))
                  for time in times for _, result in self._change_terms(time, feeds, whole)] if whole else []
         if not parts:
             return
         rows = reduce(DataFrame.unionByName, parts)
+        columns = [c for c in rows.columns if c != TIME]
         ranged = [c for c in columns if is_ranged(rows.schema[c].dataType.simpleString())]
         held, (present, *nulls) = held_observing(
             rows, _JOINED_GROUPS, F.to_json(F.collect_set(TIME)), *(F.max(F.col(c).isNull()) for c in ranged))
@@ -762,21 +767,21 @@ class SnapshotDesired(Desired):
         feeds.joined, feeds.joined_times = held, set(json.loads(present))
         feeds.joined_cuts = [(ranges[c], bool(nulls[c])) if c in ranges else None for c in columns]
 
-    def _groups_of(self, result: DataFrame, grouping: tuple[int, ...], columns: list[str]) -> DataFrame:
-        """The values of the grouping columns at ``grouping`` (by place) of the per-group query of
-        ``result``, named ``columns``: its groups' (:func:`~mvsink.desired.aggregate_top.aggregate_groups`)."""
+    def _groups_of(self, result: DataFrame) -> DataFrame:
+        """The groups of the per-group query of ``result``: the values of its grouping columns
+        :attr:`per_group` restricts by (``R``), named ``_group_<i>``
+        (:func:`~mvsink.desired.aggregate_top.aggregate_groups`)."""
         groups = aggregate_groups(self._per_group_query(result))
         groups = groups.toDF(*(f"_grouping_{k}" for k in range(len(groups.columns))))  # names may repeat
-        return groups.select(*(F.col(f"_grouping_{k}").alias(c) for k, c in zip(grouping, columns)))
+        return groups.select(*(F.col(f"_grouping_{k}").alias(f"_group_{i}")
+                               for i, k in enumerate(self.per_group.grouping)))
 
-    def _group_ranges(self, times: list[int], feeds: SourceFeeds) -> list[tuple[list[tuple], bool] | None]:
+    def _group_ranges(self, feeds: SourceFeeds) -> list[tuple[list[tuple], bool] | None]:
         """Per group column (by its place in :attr:`per_group`'s keys): the ranges covering the
         values of it in every source's change of the step (and in the groups
-        :meth:`_joined_groups` finds, first held), and whether one is null; None where a changed
-        source's column is not of a type ranges prune."""
+        :meth:`_joined_groups` found), and whether one is null; None where a changed source's
+        column is not of a type ranges prune."""
         keys = self.per_group.keys
-        if self.per_group.whole:
-            self._joined_groups(times, feeds)
         changed = [name for name in keys if name in feeds.rows]
         cuts = []
         for i in range(len(next(iter(keys.values())))):
