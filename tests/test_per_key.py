@@ -440,12 +440,27 @@ def test_refresh_policies_explain_and_the_inner_join_keeping_its_strategy(spark,
 def test_refresh_auto_switching_to_full_evaluation_and_back_stays_exact(spark, tmp_path, strategies, monkeypatch, sql):
     """``auto`` taking full evaluation at some steps and the maintained strategy at others (chosen at
     random here, by cost in a real run): a step after full evaluation starts from the sources (or
-    the groups' state) again, a full evaluation after maintained steps from the result before it;
-    at every time the view equals the full evaluation."""
+    the groups' state) again, a full evaluation after maintained steps from the result before it
+    (the aggregate's: its groups' state, not evaluated again); at every time the view equals the
+    full evaluation."""
+    from mvsink.desired import snapshot
     from mvsink.desired.refresh import AutoRefresh
 
     choice = random.Random(7)
     monkeypatch.setattr(AutoRefresh, "takes_full", lambda self: choice.random() < 0.5)
+    evaluated, result_at = [], snapshot.SnapshotDesired._result_at
+    monkeypatch.setattr(snapshot.SnapshotDesired, "_result_at", lambda self, time: (
+        evaluated.append(time) if self.view.view_id == "maintained" else None, result_at(self, time))[1])
+    before_ranges, changes = [], snapshot.SnapshotDesired.changes
+
+    def recorded(self, lo, hi):
+        del evaluated[:]
+        computed = changes(self, lo, hi)
+        if computed is not None and computed.strategy == "full evaluation" and self.view.view_id == "maintained":
+            before_ranges.append(min(evaluated) < lo)  # the time before the range evaluated too
+        return computed
+
+    monkeypatch.setattr(snapshot.SnapshotDesired, "changes", recorded)
     rng = random.Random(41)
     sources = {name: path for name, path in _sources(spark, tmp_path, rng).items() if name != "payments"}
     next_id = [100]
@@ -457,3 +472,4 @@ def test_refresh_auto_switching_to_full_evaluation_and_back_stays_exact(spark, t
 
     maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=6, rng=rng, refresh="auto")
     assert {"full evaluation"} < set(strategies), strategies
+    assert any(before_ranges) == (sql == LEFT), before_ranges  # the key join keeps no result to start from

@@ -395,13 +395,21 @@ class SnapshotDesired(Desired):
     def snapshot(self, time: int) -> DataFrame:
         if self.aggregate is not None:  # its groups' state, held: the next changes move it
             self._hold_state(time)
-            contents = _through(self._top, self._groups.output(self._state))
+            contents = self._state_result()
         elif self.row_wise or self.join or self.per_group is not None:
             contents = self._result_at(time)
         else:  # kept: the next changes are the difference to it
             self._remember(time, self._result_at(time))
             contents = self._previous
         return self._finish(self._as_updates(contents, time, 1))
+
+    def _state_is_at(self, time: int) -> bool:
+        """Whether a linear aggregate's groups' state is held at ``time``."""
+        return self.aggregate is not None and self._state is not None and self._state_time == time
+
+    def _state_result(self) -> DataFrame:
+        """The query's result at the time of the groups' state held: its groups' output rows."""
+        return _through(self._top, self._groups.output(self._state)).select(*self.user_schema.names)
 
     def _hold_state(self, time: int) -> None:
         """The aggregate's state at ``time`` (and the one below's), from the sources at its versions, held."""
@@ -443,7 +451,8 @@ class SnapshotDesired(Desired):
                 if self.auto is not None:
                     self.auto.observed(False, monotonic() - started, len(times))
                 return changes
-        started, evaluations = monotonic(), len(times) + (not self._previous_is_before(times[0]))
+        started = monotonic()
+        evaluations = len(times) + (not self._previous_is_before(times[0]) and not self._state_is_at(times[0] - 1))
         changes = replace(self._recomputed_changes(times), strategy="full evaluation")
         if self.auto is not None:
             self.auto.observed(True, monotonic() - started, evaluations)
@@ -863,9 +872,9 @@ class SnapshotDesired(Desired):
         if self._previous_time is not None and self._previous_time >= times[0]:
             raise RuntimeError(f"snapshot input asked for changes from {times[0]} after evaluating "
                                f"{self._previous_time}")
-        if not self._previous_is_before(times[0]):  # none kept (maintained until now): evaluated at its versions
-            before = times[0] - 1
-            self._remember(before, self._result_at(before))
+        if not self._previous_is_before(times[0]):  # none kept (maintained until now)
+            before = times[0] - 1  # a linear aggregate's groups held at that time are its result, else evaluated
+            self._remember(before, self._state_result() if self._state_is_at(before) else self._result_at(before))
         parts = []
         for time in times:
             previous = self._previous
