@@ -79,7 +79,7 @@ def test_replicas_of_a_view_over_three_sources_keep_every_time_exact(spark, tmp_
             replica.kill(signal.SIGTERM)
 
     said = "".join(log.read_text() for log in logs.glob("*.log"))
-    strategy = {"orders_left_customers": "by per-key recompute", "revenue": "by full evaluation"}[view]
+    strategy = {"orders_left_customers": "by per-key recompute", "revenue": "by per-group recompute"}[view]
     assert strategy in said, f"no step logged {strategy!r}"
     reader = TimelineReader(timeline)
     upper = DeltaTable(timeline).transaction_version("mvsink:timeline")
