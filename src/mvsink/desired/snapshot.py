@@ -404,8 +404,8 @@ class SnapshotDesired(Desired):
         return self._finish(self._as_updates(contents, time, 1))
 
     def _state_is_at(self, time: int) -> bool:
-        """Whether a linear aggregate's groups' state is held at ``time``."""
-        return self.aggregate is not None and self._state is not None and self._state_time == time
+        """Whether a linear aggregate's groups' state is held at ``time`` (set only with the state)."""
+        return self._state_time == time
 
     def _state_result(self) -> DataFrame:
         """The query's result at the time of the groups' state held: its groups' output rows."""
@@ -452,8 +452,8 @@ class SnapshotDesired(Desired):
                     self.auto.observed(False, monotonic() - started, len(times))
                 return changes
         started = monotonic()
-        evaluations = len(times) + (not self._previous_is_before(times[0]) and not self._state_is_at(times[0] - 1))
-        changes = replace(self._recomputed_changes(times), strategy="full evaluation")
+        changes, evaluations = self._recomputed_changes(times)
+        changes = replace(changes, strategy="full evaluation")
         if self.auto is not None:
             self.auto.observed(True, monotonic() - started, evaluations)
         return changes
@@ -865,15 +865,18 @@ class SnapshotDesired(Desired):
         self._source_keys_known = (times[-1], unique)
         return unique
 
-    def _recomputed_changes(self, times: list[int]) -> Changes:
+    def _recomputed_changes(self, times: list[int]) -> tuple[Changes, int]:
         """One evaluation per time, the difference to the last result: the new result at +1 and
         the last at -1, consolidated (each distinct row's count difference, exactly a multiset
-        difference both ways; one shuffle for all the times, whose updates differ in time)."""
+        difference both ways; one shuffle for all the times, whose updates differ in time); and
+        how many evaluations that took (one more where the result before had to be evaluated)."""
+        evaluations = len(times)
         if self._previous_time is not None and self._previous_time >= times[0]:
             raise RuntimeError(f"snapshot input asked for changes from {times[0]} after evaluating "
                                f"{self._previous_time}")
         if not self._previous_is_before(times[0]):  # none kept (maintained until now)
             before = times[0] - 1  # a linear aggregate's groups held at that time are its result, else evaluated
+            evaluations += not self._state_is_at(before)
             self._remember(before, self._state_result() if self._state_is_at(before) else self._result_at(before))
         parts = []
         for time in times:
@@ -883,7 +886,7 @@ class SnapshotDesired(Desired):
         updates = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key)
         if self._maintained and self.auto is None:  # back to the sources' changes next time
             self._previous = self._previous_time = None
-        return updates
+        return updates, evaluations
 
 
 def _through(top: RowWiseTop | None, rows: DataFrame) -> DataFrame:
