@@ -14,6 +14,10 @@ range of keys). The views, each keyed by the group-by columns that identify its 
   (``max``, ``count(DISTINCT ...)``: not linear) instead of its revenue: an aggregate of an inner
   join, its changed orders recomputed (orders and lineitem read only there, customer whole; key
   ``l_orderkey``);
+* ``q3left``: ``q3max`` over a left join with lineitem, by order: every order placed before the
+  date, with its largest line revenue, distinct suppliers and count of lines shipped after it
+  (none: nulls and zero); an aggregate of a join with an outer join, recomputed per changed order
+  (orders and lineitem read only there, customer whole; key ``o_orderkey``);
 * ``q3seg``: a rollup of ``q3``, its revenue and orders per market segment (a linear aggregate of a
   linear aggregate; key ``c_mktsegment``);
 * ``q1``: TPC-H Q1 over lineitem (sums, averages and count per return flag and line status; key
@@ -51,7 +55,7 @@ contender is timed doing the wrong thing.
 With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
-Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3seg|q1|q5|q10|q13|q13dist|lines|custorders]
+Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3left|q3seg|q1|q5|q10|q13|q13dist|lines|custorders]
 [--scale 1] [--rounds 5] [--changed-orders N] [--moved-customers 0.001] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
@@ -142,6 +146,18 @@ QUERIES["q3max"] = (QUERIES["q3"][0].replace("sum(revenue) AS revenue FROM", "ma
                     .replace("l.l_extendedprice * (1 - l.l_discount) AS revenue",
                              "l.l_suppkey, l.l_extendedprice * (1 - l.l_discount) AS revenue"),
                     ("l_orderkey",), QUERIES["q3"][2])
+#: Q3max over a left join with lineitem: every order placed before the date, with its lines shipped
+#: after it (none: a row of nulls and zero lines), by order (orders and lineitem read only for the
+#: changed orders, customer whole).
+QUERIES["q3left"] = ("""
+SELECT o.o_orderkey, c.c_mktsegment, o.o_orderdate, o.o_shippriority,
+       max(l.l_extendedprice * (1 - l.l_discount)) AS top_line, count(DISTINCT l.l_suppkey) AS suppliers,
+       count(l.l_linenumber) AS lines
+FROM customer c JOIN orders o ON c.c_custkey = o.o_custkey
+  LEFT JOIN lineitem l ON l.l_orderkey = o.o_orderkey AND l.l_shipdate > DATE '1995-03-15'
+WHERE o.o_orderdate < DATE '1995-03-15'
+GROUP BY o.o_orderkey, c.c_mktsegment, o.o_orderdate, o.o_shippriority
+""", ("o_orderkey",), QUERIES["q3"][2])
 #: Each table's key, and its files per scale factor 1 (at least 1).
 TABLES = {"customer": ("c_custkey", 2), "orders": ("o_orderkey", 16), "lineitem": ("l_orderkey", 48),
           "supplier": ("s_suppkey", 1), "nation": ("n_nationkey", 1), "region": ("r_regionkey", 1)}

@@ -138,11 +138,12 @@ BY_TOP = "SELECT top, count(*) AS n FROM (SELECT cust, max(amount) AS top FROM o
      "ON o.id = p.paid GROUP BY o.cust) GROUP BY top",
      PerGroup({"orders": ("cust",)}, ("payments",), (0,))),                        # over an aggregate of an inner join
     ("SELECT top, count(*) AS n FROM (SELECT o.cust, max(p.cust) AS top FROM orders o LEFT JOIN payments p "
-     "ON o.id = p.paid GROUP BY o.cust) GROUP BY top", None),               # its groups are not the outer join's key
+     "ON o.id = p.paid GROUP BY o.cust) GROUP BY top",
+     PerGroup({"orders": ("cust",)}, ("payments",), (0,))),                        # over an aggregate of a left join
     ("SELECT c.segment, count(*) AS n FROM orders o LEFT JOIN customers c ON o.cust < c.cust "
      "GROUP BY c.segment", None),                                            # over a non-equi join
 ], ids=["by-order-count", "by-segment", "by-top", "max-over", "float-sum-over", "over-inner-join-groups",
-        "over-groups-not-keys", "over-non-equi"])
+        "over-left-join-groups", "over-non-equi"])
 def test_which_queries_are_linear_aggregates_of_groups(spark, unchanged_sources, sql, keys):
     """A linear aggregate over a per-group query, over rows held in Spark, each source read once,
     as a view checks it (and over the sources first)."""
@@ -161,6 +162,20 @@ PAID_MAX = ("SELECT o.cust, count(DISTINCT c.segment) AS kinds, max(p.paid) AS p
             "ON o.cust = c.cust JOIN payments p ON p.paid = o.amount GROUP BY o.cust")
 BY_ORDER = ("SELECT o.id, min(c.segment) AS s, max(p.paid) AS paid FROM orders o JOIN customers c ON o.cust = c.cust "
             "JOIN payments p ON p.cust = c.cust GROUP BY o.id HAVING count(*) > 1")
+#: Aggregates of joins with outer and anti joins among them, grouped by columns of a source no
+#: outer join pads: per segment, the customers' orders (none: a row padded with nulls); the
+#: customers' orders and the payments matching their amounts; per customer of the orders, its
+#: customers' segments (a padded side holding the groups) and the payments matching the amounts;
+#: the customers without orders.
+SEGMENT_LEFT = ("SELECT c.segment, max(o.amount) AS top, count(o.id) AS n, count(*) AS all FROM customers c "
+                "LEFT JOIN orders o ON o.cust = c.cust GROUP BY c.segment")
+SEGMENT_LEFT_LEFT = ("SELECT c.segment, max(p.paid) AS paid, count(DISTINCT o.id) AS n, count(*) AS all "
+                     "FROM customers c LEFT JOIN orders o ON o.cust = c.cust LEFT JOIN payments p ON p.paid = o.amount "
+                     "GROUP BY c.segment")
+CUST_LEFT_LEFT = ("SELECT o.cust, max(c.segment) AS s, count(p.paid) AS n, max(p.paid) AS top FROM orders o "
+                  "LEFT JOIN customers c ON c.cust = o.cust LEFT JOIN payments p ON p.paid = o.amount GROUP BY o.cust")
+SEGMENT_ANTI = ("SELECT c.segment, max(c.cust) AS top, count(*) AS n FROM customers c "
+                "WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.cust = c.cust) GROUP BY c.segment")
 
 
 @pytest.mark.parametrize("sql, keys, whole, grouping", [
@@ -186,8 +201,25 @@ BY_ORDER = ("SELECT o.id, min(c.segment) AS s, max(p.paid) AS paid FROM orders o
     ("SELECT max(o.amount) AS m FROM orders o JOIN customers c ON o.cust = c.cust", None, None, None),  # no group
     ("SELECT a.cust, max(b.amount) AS m FROM orders a JOIN orders b ON a.id = b.cust GROUP BY a.cust",
      None, None, None),                                                      # a source read twice
+    (SEGMENT_LEFT, {"customers": ("segment",)}, ("orders",), (0,)),
+    (SEGMENT_LEFT_LEFT, {"customers": ("segment",)}, ("orders", "payments"), (0,)),
+    (SEGMENT_ANTI, {"customers": ("segment",)}, ("orders",), (0,)),
+    (CUST_LEFT_LEFT, BY_CUST, ("payments",), (0,)),
+    ("SELECT o.cust, o.amount, max(c.segment) AS s FROM orders o LEFT JOIN customers c ON c.cust = o.cust "
+     "JOIN payments p ON p.paid = o.id GROUP BY o.cust, o.amount",
+     BY_CUST, ("payments",), (0,)),                                          # the columns a padded side holds too
+    ("SELECT o.amount, max(c.segment) AS s FROM customers c RIGHT JOIN orders o ON o.cust = c.cust "
+     "GROUP BY o.amount", {"orders": ("amount",)}, ("customers",), (0,)),    # the right side kept
+    ("SELECT c.segment, o.amount, max(p.paid) AS m FROM customers c LEFT JOIN orders o ON o.cust = c.cust "
+     "JOIN payments p ON p.cust = c.cust GROUP BY c.segment, o.amount",
+     {"customers": ("segment",)}, ("orders", "payments"), (0,)),             # a padded source's group: not held
+    ("SELECT c.segment, max(o.amount) AS m FROM orders o LEFT JOIN customers c ON o.cust = c.cust "
+     "GROUP BY c.segment", None, None, None),                                # only the padded side holds the groups
+    ("SELECT c.segment, max(o.amount) AS m FROM customers c FULL JOIN orders o ON o.cust = c.cust "
+     "GROUP BY c.segment", None, None, None),                                # a full outer join pads both
 ], ids=["segment-max", "paid-max", "by-order-having", "held-by-two", "each-by-one", "one-holds-both", "computed",
-        "rand", "float-sum", "non-equi", "no-group-by", "self"])
+        "rand", "float-sum", "non-equi", "no-group-by", "self", "segment-left", "segment-left-left", "segment-anti",
+        "cust-left-left", "held-with-padded", "right", "padded-group", "padded-side-holds", "full"])
 def test_which_queries_are_aggregates_of_inner_joins(spark, unchanged_sources, sql, keys, whole, grouping):
     """Over rows held in Spark, each source read once, as a view checks it (and over the sources
     first): the grouping columns the sources that hold them restrict by (those the most sources
@@ -205,8 +237,13 @@ def test_which_queries_are_aggregates_of_inner_joins(spark, unchanged_sources, s
     ("SELECT o.id, c.segment, max(p.paid) AS m, count(DISTINCT p.cust) AS payers FROM orders o JOIN customers c "
      "ON o.cust = c.cust JOIN payments p ON p.paid = o.amount GROUP BY o.id, c.segment", (), (), False),
     (f"SELECT paid, count(*) AS n, sum(kinds) AS k FROM ({PAID_MAX}) GROUP BY paid", ("paid",), (), True),
+    (SEGMENT_LEFT, ("segment",), ("orders",), False),
+    (SEGMENT_LEFT_LEFT, ("segment",), ("payments",), False),
+    (SEGMENT_ANTI, ("segment",), (), False),
+    (CUST_LEFT_LEFT, (), ("customers",), False),
 ], ids=["segment-max-customers-no-feed", "paid-max-payments-no-feed", "by-order-having-orders-no-feed",
-        "by-order-and-segment", "linear-over-it"])
+        "by-order-and-segment", "linear-over-it", "segment-left-orders-no-feed", "segment-left-left-payments-no-feed",
+        "segment-anti", "cust-left-left-customers-no-feed"])
 def test_aggregates_of_inner_joins_equal_the_full_evaluation_at_every_time(spark, tmp_path, strategies, sql, key,
                                                                            without_feed, linear):
     """Random commits to orders, customers and payments (duplicates, null keys, orders moving
@@ -223,7 +260,7 @@ def test_aggregates_of_inner_joins_equal_the_full_evaluation_at_every_time(spark
     assert desired.per_group is not None and desired.per_group.whole and desired._previous is None
     assert strategies and set(strategies) == {"linear aggregate of per-group recompute" if linear
                                               else "per-group recompute"}, strategies
-    assert "aggregate of an inner join grouped by columns of its sources" in desired.strategy_description()
+    assert "aggregate of a join grouped by columns of its sources" in desired.strategy_description()
     assert f"{', '.join(desired.per_group.whole)} read whole" in desired.strategy_description()
 
 

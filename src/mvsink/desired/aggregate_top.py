@@ -47,14 +47,14 @@ def aggregate_groups(result: DataFrame) -> DataFrame | None:
     if split is None:
         return None
     jvm, aggregate, (groups, _, _, child) = split
-    nodes = _Catalyst(jvm)
+    nodes = Catalyst(jvm)
     return nodes.frame(result, nodes.logical.Aggregate(groups, groups, child, aggregate.hint()))
 
 
 def _core(result: DataFrame, split) -> DataFrame:
     """:func:`aggregate_core` of ``result``, from its :func:`_split`."""
     jvm, aggregate, (groups, functions, _, child) = split
-    nodes = _Catalyst(jvm)
+    nodes = Catalyst(jvm)
     named = [nodes.alias(function, AGGREGATE_COLUMN.format(i), function.resultId())
              for i, function in enumerate(scala_items(functions))]
     core = jvm.org.apache.spark.sql.catalyst.plans.logical.Aggregate(
@@ -69,7 +69,7 @@ class RowWiseTop:
         """The top of ``result``, whose :func:`aggregate_core` is not None."""
         split = _split(result)
         jvm, _, (groups, _, results, _) = split
-        self._nodes = _Catalyst(jvm)
+        self._nodes = Catalyst(jvm)
         self._group_ids = {g.exprId().id() for g in scala_items(groups)}
         #: ``result``'s :func:`aggregate_core`.
         self.core = _core(result, split)
@@ -139,7 +139,7 @@ def _split(result: DataFrame):
     return jvm, node, (groups, functions, results, child)
 
 
-class _Catalyst:
+class Catalyst:
     """Catalyst's nodes and Scala's values, built through the JVM."""
 
     def __init__(self, jvm):
@@ -159,6 +159,10 @@ class _Catalyst:
         """``expression AS name``, as the attribute of id ``expr_id``."""
         return self._jvm.org.apache.spark.sql.catalyst.expressions.Alias(
             expression, name, expr_id, self._nil, self._none, self._nil)
+
+    def join_type(self, name: str):
+        """Catalyst's join type of ``name`` (``Inner``, ``LeftSemi``, ...)."""
+        return getattr(getattr(self._jvm.org.apache.spark.sql.catalyst.plans, f"{name}$"), "MODULE$")
 
     def frame(self, like: DataFrame, plan) -> DataFrame:
         """The DataFrame of the logical ``plan``, in ``like``'s session."""

@@ -64,6 +64,8 @@ from mvsink.desired.row_wise import plan_reads_subqueries, scala_items
 #: Plan nodes over which a query stays linear in each source: row-wise nodes, inner joins and unions.
 _LINEAR_NODES = frozenset({"Project", "Filter", "Join", "Union"})
 _INNER_JOINS = frozenset({"Inner", "Cross"})
+#: Join types :func:`join_keys` reads through (an aggregate of a join's, :mod:`mvsink.desired.per_group`).
+_KEYED_JOINS = _INNER_JOINS | {"LeftOuter", "RightOuter", "LeftSemi", "LeftAnti"}
 #: Types of join key columns the other sides are pruned by: ordered exactly alike in Python and
 #: Spark (no floats: -0.0, NaN; no timestamps: time zones; strings only under the default collation).
 _RANGED_TYPES = frozenset({"tinyint", "smallint", "int", "bigint", "date", "string"})
@@ -126,15 +128,15 @@ def reads_each_once(result: DataFrame, held: list[DataFrame]) -> bool:
     return ids == sorted(rows._jdf.queryExecution().optimizedPlan().rdd().id() for rows in held)
 
 
-def _linear_leaves(plan) -> tuple[list | None, int]:
-    """The leaves under the linear nodes of ``plan`` and how many joins and unions there are;
-    None for the leaves if some other node or join type is among them."""
+def _linear_leaves(plan, join_types: frozenset[str] = _INNER_JOINS) -> tuple[list | None, int]:
+    """The leaves under the linear nodes of ``plan`` (its joins of ``join_types``) and how many
+    joins and unions there are; None for the leaves if some other node or join type is among them."""
     leaves, joins, pending = [], 0, [plan]
     while pending:
         node = pending.pop()
         name = node.nodeName()
         if name == "Join":
-            if node.joinType().toString() not in _INNER_JOINS:
+            if node.joinType().toString() not in join_types:
                 return None, joins
             joins += 1
         elif name == "Union":
@@ -149,14 +151,14 @@ def _linear_leaves(plan) -> tuple[list | None, int]:
 
 def join_keys(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, dict[str, list[tuple[str, str]]]]:
     """The equalities of ``result`` (an inner join, unions included, or a linear aggregate over
-    one, over the rows ``held``, each read once) between plain columns of two sources: for each
+    one, over the rows ``held``, each read once; or an aggregate's groups over a join with outer,
+    semi and anti joins among the inner ones) between plain columns of two sources: for each
     source, each other source it equals columns with and the pairs ``(its column, the other's
-    column)``. Only
-    conjuncts of join and filter conditions count (each holds for every row of the result), and
-    only columns of the types in :data:`_RANGED_TYPES`, the same on both sides."""
+    column)``. Only conjuncts of inner join and filter conditions count (each holds for every row
+    of the result), and only columns of the types in :data:`_RANGED_TYPES`, the same on both sides."""
     plan = result._jdf.queryExecution().optimizedPlan()
     plan = plan.child() if plan.nodeName() == "Aggregate" else plan
-    leaves, _ = _linear_leaves(plan)
+    leaves, _ = _linear_leaves(plan, _KEYED_JOINS)
     by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
     columns = {}  # an output attribute's id -> (source, column, type)
     for leaf in leaves or []:
@@ -177,13 +179,14 @@ def join_keys(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, dict[s
 
 
 def _equalities(plan) -> list[tuple[int, int]]:
-    """The ids of the attributes each ``EqualTo`` conjunct of a join or filter condition in
-    ``plan`` (linear nodes, through unions) compares, where both sides are attributes."""
+    """The ids of the attributes each ``EqualTo`` conjunct of an inner join or filter condition
+    in ``plan`` (linear nodes, through unions and joins of any type) compares, where both sides
+    are attributes."""
     found, pending = [], [plan]
     while pending:
         node = pending.pop()
         name = node.nodeName()
-        if name in ("Join", "Filter"):
+        if name == "Filter" or name == "Join" and node.joinType().toString() in _INNER_JOINS:
             condition = node.condition()
             conjuncts = [condition] if name == "Filter" else ([condition.get()] if condition.isDefined() else [])
             while conjuncts:

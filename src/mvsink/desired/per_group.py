@@ -18,19 +18,25 @@ optimized logical plan, every expression deterministic and no subquery, is one o
   depends only on the other side's rows of that key: the group's value is the key's. A side may
   be an aggregate of one source grouped by its key column (and maybe more), as a view over an
   aggregate view is: each of its rows depends only on the source's rows of one key;
-* an **aggregate of an inner join** grouped by columns of its sources: one ``Aggregate`` over
-  projections, filters and inner joins of one scan per source, each read once (no union, no
-  aggregate below), grouping by source columns. Every row of an inner join satisfies every
-  equality of its conditions, so a grouping column equals, in every row, each column the joins
-  equate it with. The group's value is that of some of the grouping columns, ``R``: those one
-  source holds (has such a column for), chosen so that the most sources hold all of ``R`` (Q3's
-  order key, which orders and lineitem hold, not the customer's segment). A group of ``R`` is a
-  union of the query's groups, each whole: those sources' rows with its value are all the rows
-  of the join with it. The sources that do not hold ``R`` (at least one: else a key join) are
-  read *whole*: which groups their changes touch is found by joining their changes with the
-  other sources, as an inner join's change is (:mod:`mvsink.desired.join`; ``G(t)`` is then ``R``
-  of the join's change at ``t``, each source's own or found so), and in a recompute they are
-  read in full, the sources that hold ``R`` only in ``G(t)``.
+* an **aggregate of a join** grouped by columns of its sources: one ``Aggregate`` over
+  projections, filters and joins (inner; left and right outer, semi and anti) of one scan per
+  source, each read once (no union, no aggregate below), grouping by source columns. Every row of
+  an inner join satisfies every equality of its condition, so a grouping column equals, in every
+  row, each column the inner joins equate it with (an outer join's equality does not hold in the
+  rows it pads). The group's value is that of some of the grouping columns, ``R``: those one
+  source no outer join pads (every row of the join holds one of its rows) holds (has such a
+  column for), chosen so that the most sources hold all of ``R`` (Q3's order key, which orders and
+  lineitem hold, not the customer's segment). A padded source holds ``R`` where a join's equality
+  makes a column of it equal to such a column of an unpadded source (its row is in a row only
+  where that join matched it: ``orders LEFT JOIN lineitem`` grouped by the order key). A group of
+  ``R`` is a union of the query's groups, each whole: those sources' rows with its value, joined
+  with the other sources whole, are all the rows of the join with it. The sources that do not
+  hold ``R`` (at least one: else a key join) are read *whole*: which groups their changes touch
+  is found by joining their changes with the other sources, as an inner join's change is
+  (:mod:`mvsink.desired.join`), in the rows that hold a changed row (:func:`holding_rows_of`: a
+  join that would pad the change's side with nulls made one that does not; ``G(t)`` is then
+  ``R`` of those rows at ``t``, each source's own or found so), and in a recompute they are read
+  in full, the sources that hold ``R`` only in ``G(t)``.
 
 Every aggregate function must be one whose result does not depend on the order of its rows
 (:data:`ORDER_FREE`: ``min``, ``max``, ``count`` and ``count(DISTINCT ...)``, ``percentile``, and
@@ -70,7 +76,7 @@ from functools import reduce
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from mvsink.desired.join import plan_is_inner_join
+from mvsink.desired.aggregate_top import Catalyst
 from mvsink.desired.row_wise import ROW_WISE_NODES, leaf_columns, plan_is_row_wise, scala_items, under_row_wise
 
 #: Aggregate functions (Catalyst's names) whose result does not depend on the order of the rows.
@@ -83,24 +89,30 @@ _FLOATING = frozenset({"float", "double"})
 #: rows every output row holds (not padded with nulls): left, right.
 _KEY_JOINS = {"Inner": (True, True), "LeftOuter": (True, False), "RightOuter": (False, True),
               "FullOuter": (False, False), "LeftSemi": (True, False), "LeftAnti": (True, False)}
+#: Join types an aggregate of a join may have (not full outer: it pads every source).
+_GROUPED_JOINS = frozenset(_KEY_JOINS) - {"FullOuter"}
+#: Per join type, the type that keeps only the rows holding a row of its left (right) side, where
+#: the type would pad that side or drop its matches (:func:`holding_rows_of`); None: it keeps
+#: them already.
+_HOLDING = {"LeftOuter": (None, "Inner"), "RightOuter": ("Inner", None), "LeftAnti": (None, "LeftSemi")}
 
 
 @dataclass(frozen=True)
 class PerGroup:
     """The shape of a per-group query: per source that holds the groups (by its name), the columns
     whose values are a row's group, in the same order for every source (a key join's equated
-    columns line up); for an aggregate of an inner join, the sources that do not hold them, read
+    columns line up); for an aggregate of a join, the sources that do not hold them, read
     whole."""
 
     keys: dict[str, tuple[str, ...]]
     whole: tuple[str, ...] = ()
-    #: For an aggregate of an inner join: the grouping columns (by place) that ``keys`` are, ``R``.
+    #: For an aggregate of a join: the grouping columns (by place) that ``keys`` are, ``R``.
     grouping: tuple[int, ...] = ()
 
     @property
     def joins(self) -> bool:
-        """Whether the query is a key join of several sources (else an aggregate of one, or of an
-        inner join)."""
+        """Whether the query is a key join of several sources (else an aggregate of one, or of a
+        join)."""
         return len(self.keys) > 1 and not self.whole
 
     @property
@@ -131,7 +143,7 @@ def per_group(result: DataFrame, scan: str, names: dict[int, str] | None = None)
     keys = tree.keys()
     if keys and (aggregate is None or tree.groups_hold_keys(aggregate, keys)):
         return PerGroup({name(i, leaf): tuple(key[i] for key in keys) for i, leaf in enumerate(tree.leaves)})
-    found = tree.holding_groups(aggregate, scan) if aggregate is not None else None
+    found = tree.holding_groups(aggregate) if aggregate is not None else None
     if found is None:
         return None
     grouping, held = found
@@ -170,8 +182,10 @@ class _KeyJoin:
     def __init__(self):
         self.leaves: list = []
         self.kept: set[int] = set()  # indexes of the leaves every output row holds
-        #: Per join, the equalities of its condition: pairs of (leaf index, column).
+        #: Per join, its type and the equalities of its condition: pairs of (leaf index, column).
+        self.kinds: list[str] = []
         self.equalities: list[list[tuple[tuple[int, str], tuple[int, str]]]] = []
+        self.aggregated = False  # whether an aggregate of a leaf is among the nodes
 
     @classmethod
     def of(cls, plan, scan: str) -> _KeyJoin | None:
@@ -193,9 +207,11 @@ class _KeyJoin:
                 pair = self._equality(node, expression)
                 if pair is not None:
                     pairs.append(pair)
+            self.kinds.append(node.joinType().toString())
             self.equalities.append(pairs)
             return True
         if name == "Aggregate":  # of one leaf; only its grouping columns trace through it (_trace)
+            self.aggregated = True
             return plan_is_row_wise(node.child(), scan) and all(
                 _order_free(f) for e in scala_items(node.aggregateExpressions()) for f in _functions(e)
             ) and self._walk(node.child(), scan, kept)
@@ -248,8 +264,9 @@ class _KeyJoin:
                 names = {a.exprId().id(): a.name() for a in scala_items(node.output())}
                 return (index, names[attribute]) if index is not None and attribute in names else None
 
-    def _classes(self) -> list[list[tuple[int, str]]]:
-        """The leaf columns the joins' equalities name, in classes: those connected by them."""
+    def _classes(self, inner: bool = False) -> list[list[tuple[int, str]]]:
+        """The leaf columns the joins' equalities name, in classes: those connected by them (with
+        ``inner``, by the inner joins' alone, which hold in every row)."""
         parent: dict = {}
 
         def root(x):
@@ -257,8 +274,8 @@ class _KeyJoin:
                 x = parent[x]
             return x
 
-        for pairs in self.equalities:
-            for a, b in pairs:
+        for kind, pairs in zip(self.kinds, self.equalities):
+            for a, b in pairs if kind == "Inner" or not inner else ():
                 parent[root(a)] = root(b)
         classes: dict = {}
         for column in parent:
@@ -278,34 +295,43 @@ class _KeyJoin:
                 keys.append(tuple(by_leaf[i] for i in range(len(self.leaves))))
         return keys
 
-    def holding_groups(self, aggregate, scan: str) -> tuple[tuple[int, ...], dict[int, tuple[str, ...]]] | None:
-        """Where ``aggregate`` groups an inner join (no union, no aggregate below) by columns of
-        its leaves: ``R``, the grouping columns (by place) one leaf holds that the most leaves
-        hold (then the most columns), and those leaves (by index), each with its column equal to
-        each of ``R`` in every row; None if the join is not one, a grouping column is not a leaf's
-        column, or every leaf holds ``R`` (a key join, another strategy's)."""
+    def holding_groups(self, aggregate) -> tuple[tuple[int, ...], dict[int, tuple[str, ...]]] | None:
+        """Where ``aggregate`` groups a join (:data:`_GROUPED_JOINS`, no aggregate below) by
+        columns of its leaves: ``R``, grouping columns (by place) that a leaf no outer join pads
+        holds (all it holds, or those another leaf holds too), chosen so that the most leaves hold
+        them (then the most columns), and those
+        leaves (by index), each with its columns equal to ``R`` in every row it has a row in;
+        None if the join is not one, a grouping column is not a leaf's column, or every leaf
+        holds ``R`` (a key join, another strategy's). A leaf no outer join pads holds a grouping
+        column where the inner joins' equalities (which hold in every row) make a column of it
+        equal to it; a padded leaf, where a join's equality makes a column of it equal to such a
+        leaf's column (a row of it is in a row only where that join matched it)."""
         groups = scala_items(aggregate.groupingExpressions())
-        if not groups or any(g.nodeName() != "AttributeReference" for g in groups) or not plan_is_inner_join(
-                aggregate.child(), scan, len(self.leaves)):
+        if (not groups or any(g.nodeName() != "AttributeReference" for g in groups) or self.aggregated
+                or not set(self.kinds) <= _GROUPED_JOINS):
             return None
         traced = [self._trace(aggregate.child(), g.exprId().id()) for g in groups]
         if None in traced:
             return None
-        classes = {column: members for members in self._classes() for column in members}
+        classes = {column: members for members in self._classes(inner=True) for column in members}
 
         def column(leaf: int, group: tuple[int, str]) -> str | None:
-            """The leaf's column equal to the grouping column in every row (None: it has none)."""
-            return min((c for i, c in classes.get(group, [group]) if i == leaf), default=None)
+            """The leaf's column equal to the grouping column in every row it has a row in (None:
+            it has none)."""
+            kept = [(i, c) for i, c in classes.get(group, [group]) if i in self.kept]
+            if leaf in self.kept:
+                return min((c for i, c in kept if i == leaf), default=None)
+            return min((a[1] for pairs in self.equalities for x, y in pairs for a, b in ((x, y), (y, x))
+                        if a[0] == leaf and b in kept), default=None)
 
+        holds = [{k for k, g in enumerate(traced) if column(i, g) is not None} for i in range(len(self.leaves))]
         best = ((), {})
-        for leaf in range(len(self.leaves)):
-            grouping = tuple(k for k, g in enumerate(traced) if column(leaf, g) is not None)
-            if not grouping:
-                continue
-            held = {i: tuple(column(i, traced[k]) for k in grouping) for i in range(len(self.leaves))
-                    if all(column(i, traced[k]) is not None for k in grouping)}
-            if (len(held), len(grouping)) > (len(best[1]), len(best[0])):
-                best = (grouping, held)
+        for i in range(len(self.leaves)):  # those one unpadded leaf holds, and of them those another leaf holds
+            for grouping in (tuple(sorted(holds[i] & holds[k])) for k in (i, *sorted(self.kept)) if k in self.kept):
+                held = {j: tuple(column(j, traced[k]) for k in grouping) for j in range(len(self.leaves))
+                        if set(grouping) <= holds[j]}
+                if grouping and (len(held), len(grouping)) > (len(best[1]), len(best[0])):
+                    best = (grouping, held)
         return best if 0 < len(best[1]) < len(self.leaves) else None
 
     def groups_hold_keys(self, aggregate, keys: list[tuple[str, ...]]) -> bool:
@@ -346,3 +372,33 @@ def in_groups(rows: DataFrame, groups: DataFrame, columns: tuple[str, ...], smal
     groups = groups.toDF(*[f"_group_{i}" for i in range(len(columns))])
     condition = reduce(lambda a, b: a & b, [rows[c].eqNullSafe(groups[f"_group_{i}"]) for i, c in enumerate(columns)])
     return rows.join(F.broadcast(groups) if small else groups, condition, "left_semi")
+
+
+def holding_rows_of(result: DataFrame, rows: DataFrame) -> DataFrame:
+    """The rows of ``result`` (projections, filters and joins over leaves, ``rows`` one of them,
+    held in Spark) that hold a row of ``rows``: its optimized plan with each join that would pad
+    ``rows``' side with nulls, or keep the other side's rows where they do not match it, made one
+    that keeps only the rows matching it (:data:`_HOLDING`: a left outer join with ``rows`` on its
+    right an inner join, a left anti join a left semi join). The other joins keep their types: a
+    row of ``rows`` on a side they keep is in every row it makes. ``rows``' leaf is the one with its
+    columns (the optimizer keeps their ids); where the optimizer dropped it (a left join none of
+    whose right side's columns the query reads), ``result`` as it is."""
+    ids = {a.exprId().id() for a in scala_items(rows._jdf.queryExecution().analyzed().output())}
+    nodes = Catalyst(result.sparkSession.sparkContext._jvm)
+
+    def rebuilt(node) -> tuple[object, bool]:
+        """``node`` made so, and whether ``rows``' leaf (the one with its columns) is under it."""
+        if node.children().isEmpty():
+            return node, any(a.exprId().id() in ids for a in scala_items(node.output()))
+        below = [rebuilt(child) for child in scala_items(node.children())]
+        if not any(holds for _, holds in below):
+            return node, False
+        node = node.withNewChildren(nodes.seq([child for child, _ in below]))
+        if node.nodeName() == "Join":
+            kind = _HOLDING.get(node.joinType().toString(), (None, None))[below[1][1]]
+            if kind is not None:
+                node = nodes.logical.Join(node.left(), node.right(), nodes.join_type(kind), node.condition(), node.hint())
+        return node, True
+
+    plan, holds = rebuilt(result._jdf.queryExecution().optimizedPlan())
+    return nodes.frame(result, plan) if holds else result

@@ -94,7 +94,8 @@ def unmaintained_operator(result: DataFrame) -> str:
         node = pending.pop()
         name = node.nodeName()
         if name == "Join" and node.joinType().toString() not in _INNER_JOINS:
-            return f"a {node.joinType().toString()} Join with no key that every join equates"
+            return (f"a {node.joinType().toString()} Join with no key that every join equates, nor under an "
+                    "aggregate grouped by columns of a side no outer join pads")
         if name not in _MAINTAINED:
             if not node.children().isEmpty():
                 return name
@@ -105,5 +106,5 @@ def unmaintained_operator(result: DataFrame) -> str:
         pending += [children.apply(i) for i in range(children.size())]
     if aggregates:
         return ("an Aggregate that is neither count/sum/avg of integers or decimals grouped by columns nor "
-                "order-free aggregates of one source grouped by its columns, or of a key join grouped by its key")
+                "order-free aggregates of one source, a join or a key join grouped by columns of their sources")
     return "a source read twice" if joins else f"the plan {plan.nodeName()} over {scans} scans"

@@ -12,8 +12,9 @@ aggregates of the source's changes. Another aggregate of one source grouped by i
 max, distinct counts, percentiles: :mod:`mvsink.desired.per_group`) is recomputed for
 the groups the source's changes touch, before and after; so is a *key join* (outer, semi and anti
 joins of sources by a key every join equates, or an aggregate over one grouped by the key), for the
-keys the sources' changes touch; and an aggregate of an inner join grouped by its sources'
-columns, for the groups the join's change touches (the sources that hold no grouping column read
+keys the sources' changes touch; and an aggregate of a join (inner joins, and outer, semi and anti
+joins that pad no source holding the groups) grouped by its sources' columns, for the groups the
+join's change touches (the sources that hold no grouping column read
 whole, their changes joined with the others to find their groups). A linear aggregate over any
 of those keeps its groups' state and moves it by those recomputed rows; one over a linear
 aggregate (a rollup) keeps both states, the one below moving the one above. Under expressions of
@@ -61,7 +62,7 @@ from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_of_aggregate, aggregate_of_groups,
                                              linear_aggregate)
 from mvsink.desired.listed_files import add_actions, files_in_ranges, prunes, read_files, readable
-from mvsink.desired.per_group import PerGroup, in_groups, per_group
+from mvsink.desired.per_group import PerGroup, holding_rows_of, in_groups, per_group
 from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 from mvsink.desired.sources import Desired
@@ -100,7 +101,7 @@ class SourceFeeds:
     #: The rows of each listing read whole, one DataFrame for the terms that share it (a join's
     #: inserted and deleted rows'), by the same keys.
     listed_rows: dict[tuple, DataFrame] = field(default_factory=dict)
-    #: For an aggregate of an inner join: the groups the changes of its sources read whole touch
+    #: For an aggregate of a join: the groups the changes of its sources read whole touch
     #: (``_group_<i>``, ``TIME``), held; the times they have rows at; per group column, the ranges
     #: covering them and whether one is null (None: not of a type ranges prune). See
     #: :meth:`SnapshotDesired._joined_groups`.
@@ -192,7 +193,9 @@ class SnapshotDesired(Desired):
         by_joins = len(self.read) > 1 and (self.join or self.aggregate) and self.per_group is None
         self._join_keys = join_keys(over_held, read_held) if by_joins else {}
         if self.per_group is not None and self.per_group.whole:  # its whole sources' changes are joined
-            self._join_keys = join_keys(aggregate_groups(self._per_group_query(over_held)), read_held)
+            query = self._per_group_query(over_held)
+            self._join_keys = {name: join_keys(aggregate_groups(holding_rows_of(query, read_held[name])),
+                                               read_held).get(name, {}) for name in self.per_group.whole}
         #: For a union all (or an aggregate over one): per source, the sources apart from it (no branch
         #: joins them, :func:`~mvsink.desired.join.apart_sources`), read as no rows (``_no_rows``) in its terms.
         self._apart = apart_sources(over_held, read_held) if by_joins else {}
@@ -217,7 +220,7 @@ class SnapshotDesired(Desired):
         if self.row_wise:
             return "its query is row-wise: its changes are the query over the source's changes"
         if self.aggregate is not None and self.per_group is not None and self.per_group.whole:
-            return ("its query is a linear aggregate over an aggregate of an inner join grouped by columns of its "
+            return ("its query is a linear aggregate over an aggregate of a join grouped by columns of its "
                     f"sources: its groups are moved by that aggregate's rows of {self._group_words}{self._top_words}")
         if self.aggregate is not None and self.per_group is not None:
             over, touched = (("a key join of its sources (an outer join, or an aggregate grouped by the key)", "keys")
@@ -226,7 +229,7 @@ class SnapshotDesired(Desired):
                     f"the {touched} the sources' changes touch, recomputed before and after; each source read only "
                     f"where its columns meet the changes' ({self._group_columns}){self._top_words}")
         if self.per_group is not None and self.per_group.whole:
-            return f"its query is an aggregate of an inner join grouped by columns of its sources: {self._group_words}"
+            return f"its query is an aggregate of a join grouped by columns of its sources: {self._group_words}"
         if self.per_group is not None and not self.per_group.joins:
             (columns,) = self.per_group.keys.values()
             return ("its query is an aggregate of one source grouped by its columns: its changes are the groups "
@@ -270,7 +273,7 @@ class SnapshotDesired(Desired):
 
     @property
     def _group_words(self) -> str:
-        """How an aggregate of an inner join finds and recomputes its changed groups, in words."""
+        """How an aggregate of a join finds and recomputes its changed groups, in words."""
         whole = ", ".join(self.per_group.whole)
         return (f"the groups the sources' changes touch (those of {whole} found by joining their changes with the "
                 f"other sources), recomputed before and after; the sources that hold the groups read only where "
@@ -504,7 +507,7 @@ class SnapshotDesired(Desired):
         for a per-group aggregate, of its grouping columns, by which the source is read) and
         whether each has a null; and the times and diffs each change has rows at. What is known of
         a change is observed by the Spark job that holds it (a small change's join keys too). For an
-        aggregate of an inner join, also the groups the changes of its sources read whole touch
+        aggregate of a join, also the groups the changes of its sources read whole touch
         (:meth:`_joined_groups`)."""
         feeds = SourceFeeds({}, True, {}, {}, {})
         before = self.timeline.versions(times[0] - 1)
@@ -732,7 +735,7 @@ class SnapshotDesired(Desired):
         Each source that holds the groups is read where its group columns lie in ``cuts``
         (:meth:`_group_ranges`, the ranges of the step's changed values of every source, or null,
         where some is), then exactly in the time's groups; a source read whole (of an aggregate of
-        an inner join) is read in full, its groups found by :meth:`_joined_groups`."""
+        a join) is read in full, its groups found by :meth:`_joined_groups`."""
         keys = self.per_group.keys
         moved = [feeds.rows[name].where(F.col(TIME) == time).select(
                      *(F.col(c).alias(f"_group_{i}") for i, c in enumerate(keys[name])))
@@ -757,14 +760,16 @@ class SnapshotDesired(Desired):
         return self.aggregate.aggregate_input(result) if self.aggregate is not None else result
 
     def _joined_groups(self, times: list[int], feeds: SourceFeeds) -> None:
-        """For an aggregate of an inner join: the groups that the changes at ``times`` of its
-        sources read whole touch, the grouping columns' distinct values over each such source's
-        terms of the join's change (:meth:`_change_terms`: its change joined with the other
-        sources, read where they join it), held in ``feeds`` with the times they have rows at and
-        each column's ranges (one bounded job per column: a small change can touch many groups)."""
-        whole = tuple(name for name in self.per_group.whole if name in feeds.rows)
-        parts = [self._groups_of(result).withColumn(TIME, F.lit(time).cast("long"))
-                 for time in times for _, result in self._change_terms(time, feeds, whole)] if whole else []
+        """For an aggregate of a join: the groups that the changes at ``times`` of its sources
+        read whole touch, the grouping columns' distinct values over each such source's terms of
+        the join's change (:meth:`_change_terms`: its change joined with the other sources, read
+        where they join it) in the rows that hold a changed row
+        (:func:`~mvsink.desired.per_group.holding_rows_of`), held in ``feeds`` with the times they
+        have rows at and each column's ranges (one bounded job per column: a small change can
+        touch many groups)."""
+        parts = [self._groups_of(holding_rows_of(result, feeds.rows[name])).withColumn(TIME, F.lit(time).cast("long"))
+                 for name in self.per_group.whole if name in feeds.rows
+                 for time in times for _, result in self._change_terms(time, feeds, (name,))]
         if not parts:
             return
         rows = reduce(DataFrame.unionByName, parts)
