@@ -381,24 +381,28 @@ def holding_rows_of(result: DataFrame, rows: DataFrame) -> DataFrame:
     that keeps only the rows matching it (:data:`_HOLDING`: a left outer join with ``rows`` on its
     right an inner join, a left anti join a left semi join). The other joins keep their types: a
     row of ``rows`` on a side they keep is in every row it makes. ``rows``' leaf is the one with its
-    columns (the optimizer keeps their ids); where the optimizer dropped it (a left join none of
-    whose right side's columns the query reads), ``result`` as it is."""
+    columns (the optimizer keeps their ids). Where no join needs changing (inner joins alone), or
+    the optimizer dropped the leaf (a left join none of whose right side's columns the query
+    reads), ``result`` as it is."""
     ids = {a.exprId().id() for a in scala_items(rows._jdf.queryExecution().analyzed().output())}
     nodes = Catalyst(result.sparkSession.sparkContext._jvm)
 
-    def rebuilt(node) -> tuple[object, bool]:
-        """``node`` made so, and whether ``rows``' leaf (the one with its columns) is under it."""
-        if node.children().isEmpty():
-            return node, any(a.exprId().id() in ids for a in scala_items(node.output()))
-        below = [rebuilt(child) for child in scala_items(node.children())]
+    def rebuilt(node) -> tuple[object | None, bool]:
+        """``node`` made so (None: nothing to change), and whether ``rows``' leaf (the one with
+        its columns) is under it."""
+        children = scala_items(node.children())
+        if not children:
+            return None, any(a.exprId().id() in ids for a in scala_items(node.output()))
+        below = [rebuilt(child) for child in children]
         if not any(holds for _, holds in below):
-            return node, False
-        node = node.withNewChildren(nodes.seq([child for child, _ in below]))
-        if node.nodeName() == "Join":
-            kind = _HOLDING.get(node.joinType().toString(), (None, None))[below[1][1]]
-            if kind is not None:
-                node = nodes.logical.Join(node.left(), node.right(), nodes.join_type(kind), node.condition(), node.hint())
-        return node, True
+            return None, False
+        made = None
+        if any(new is not None for new, _ in below):
+            made = node = node.withNewChildren(
+                nodes.seq([old if new is None else new for (new, _), old in zip(below, children)]))
+        if node.nodeName() == "Join" and (kind := _HOLDING.get(node.joinType().toString(), (None, None))[below[1][1]]):
+            made = nodes.logical.Join(node.left(), node.right(), nodes.join_type(kind), node.condition(), node.hint())
+        return made, True
 
-    plan, holds = rebuilt(result._jdf.queryExecution().optimizedPlan())
-    return nodes.frame(result, plan) if holds else result
+    plan, _ = rebuilt(result._jdf.queryExecution().optimizedPlan())
+    return nodes.frame(result, plan) if plan is not None else result
