@@ -54,23 +54,33 @@ def test_two_replicas_a_kill_and_a_promoted_changed_pipeline(spark, tmp_path):
     try:
         wait_for(lambda: _all_caught_up(targets, timeline), timeout=400, what="every view's first commit",
                  watch=tuple(blue))
-        for n in range(6):
-            random_commit(spark, sources, rng, n, next_key)
-            if n == 1:  # blue0 killed once it has won a commit; blue1 carries on alone
-                wait_for(lambda: "blue0" in _writers(targets), timeout=120, what="blue0 to win a commit",
-                         watch=tuple(blue))
-                blue[0].kill(signal.SIGKILL)
+        made = 0  # the commits so far: each gets its own number (new keys are derived from it)
+        for made in range(2):
+            random_commit(spark, sources, rng, made, next_key)
+        # blue0 is killed once it has won a commit, and blue1 carries on alone. Where blue1 has won
+        # every race so far, it is paused (SIGSTOP) for one more commit, which blue0 then wins.
+        if "blue0" not in _writers(targets):
+            blue[1].signal(signal.SIGSTOP)
+            made += 1
+            random_commit(spark, sources, rng, made, next_key)
+            wait_for(lambda: "blue0" in _writers(targets), timeout=300, what="blue0, blue1 paused, to win a commit",
+                     watch=(blue[0],))
+            blue[1].signal(signal.SIGCONT)
+        blue[0].kill(signal.SIGKILL)
+        for made in range(made + 1, made + 5):
+            random_commit(spark, sources, rng, made, next_key)
         wait_for(lambda: _all_caught_up(targets, timeline), timeout=400, what="blue1 to catch up",
                  watch=(blue[1],))
         green.start()
         wait_for(lambda: green.logs().count("hydration done") >= len(VIEWS), timeout=400,
                  what="green to hydrate every view", watch=(green,))
-        random_commit(spark, sources, rng, 6, next_key)
+        made += 1
+        random_commit(spark, sources, rng, made, next_key)
         allow.touch()
         wait_for(lambda: not blue[1].alive(), timeout=300, what="blue1 to be fenced")
         assert blue[1].proc.returncode == 3, blue[1].logs()[-3000:]
-        for n in range(7, 9):
-            random_commit(spark, sources, rng, n, next_key)
+        for made in range(made + 1, made + 3):
+            random_commit(spark, sources, rng, made, next_key)
         wait_for(lambda: _all_caught_up(targets, timeline), timeout=400, what="green to catch up", watch=(green,))
     finally:
         for replica in (*blue, green):
