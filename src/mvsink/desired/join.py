@@ -63,9 +63,9 @@ from mvsink.desired.row_wise import plan_reads_subqueries, scala_items
 
 #: Plan nodes over which a query stays linear in each source: row-wise nodes, inner joins and unions.
 _LINEAR_NODES = frozenset({"Project", "Filter", "Join", "Union"})
-_INNER_JOINS = frozenset({"Inner", "Cross"})
+INNER_JOINS = frozenset({"Inner", "Cross"})
 #: Join types :func:`join_keys` reads through (an aggregate of a join's, :mod:`mvsink.desired.per_group`).
-_KEYED_JOINS = _INNER_JOINS | {"LeftOuter", "RightOuter", "LeftSemi", "LeftAnti"}
+_KEYED_JOINS = INNER_JOINS | {"LeftOuter", "RightOuter", "LeftSemi", "LeftAnti"}
 #: Types of join key columns the other sides are pruned by: ordered exactly alike in Python and
 #: Spark (no floats: -0.0, NaN; no timestamps: time zones; strings only under the default collation).
 _RANGED_TYPES = frozenset({"tinyint", "smallint", "int", "bigint", "date", "string"})
@@ -87,7 +87,7 @@ def is_inner_join(result: DataFrame, scan: str, sources: int) -> bool:
 def plan_is_inner_join(plan, scan: str, sources: int) -> bool:
     """Whether the logical ``plan`` is linear nodes, at least one join or union, over ``sources``
     ``scan`` leaves (determinism, subqueries and which leaf is which aside)."""
-    leaves, joins = _linear_leaves(plan)
+    leaves, joins = linear_leaves(plan)
     return (leaves is not None and joins > 0 and len(leaves) == sources
             and all(leaf.nodeName() == scan and leaf.children().isEmpty() for leaf in leaves))
 
@@ -123,12 +123,12 @@ def reads_each_once(result: DataFrame, held: list[DataFrame]) -> bool:
     are the rows ``held`` (each a local checkpoint), each exactly once: the query reads what it
     is given, nothing twice."""
     plan = result._jdf.queryExecution().optimizedPlan()
-    leaves, _ = _linear_leaves(plan.child() if plan.nodeName() == "Aggregate" else plan)
+    leaves, _ = linear_leaves(plan.child() if plan.nodeName() == "Aggregate" else plan)
     ids = sorted(leaf.rdd().id() for leaf in leaves or [])
     return ids == sorted(rows._jdf.queryExecution().optimizedPlan().rdd().id() for rows in held)
 
 
-def _linear_leaves(plan, join_types: frozenset[str] = _INNER_JOINS) -> tuple[list | None, int]:
+def linear_leaves(plan, join_types: frozenset[str] = INNER_JOINS) -> tuple[list | None, int]:
     """The leaves under the linear nodes of ``plan`` (its joins of ``join_types``) and how many
     joins and unions there are; None for the leaves if some other node or join type is among them."""
     leaves, joins, pending = [], 0, [plan]
@@ -158,7 +158,7 @@ def join_keys(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, dict[s
     of the result), and only columns of the types in :data:`_RANGED_TYPES`, the same on both sides."""
     plan = result._jdf.queryExecution().optimizedPlan()
     plan = plan.child() if plan.nodeName() == "Aggregate" else plan
-    leaves, _ = _linear_leaves(plan, _KEYED_JOINS)
+    leaves, _ = linear_leaves(plan, _KEYED_JOINS)
     by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
     columns = {}  # an output attribute's id -> (source, column, type)
     for leaf in leaves or []:
@@ -186,7 +186,7 @@ def _equalities(plan) -> list[tuple[int, int]]:
     while pending:
         node = pending.pop()
         name = node.nodeName()
-        if name == "Filter" or name == "Join" and node.joinType().toString() in _INNER_JOINS:
+        if name == "Filter" or name == "Join" and node.joinType().toString() in INNER_JOINS:
             condition = node.condition()
             conjuncts = [condition] if name == "Filter" else ([condition.get()] if condition.isDefined() else [])
             while conjuncts:

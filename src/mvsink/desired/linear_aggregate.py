@@ -6,6 +6,9 @@ an integral or decimal column or expression of its input, over one of:
 
 * a row-wise query (:mod:`mvsink.desired.row_wise`: projections and filters of one scan);
 * an inner join (or union all) of several sources (:mod:`mvsink.desired.join`);
+* an outer join among inner joins whose padded side only the aggregates read, each null where it
+  is padded (:mod:`mvsink.desired.outer_join`: :func:`aggregate_over_outer_join`), as the inner
+  join plus the kept side's rows padded;
 * a per-group query (:mod:`mvsink.desired.per_group`: an aggregate of an aggregate, an aggregate
   over an outer join: :func:`aggregate_of_groups`);
 * another linear aggregate whose output columns it aggregates as they are (a rollup:
@@ -20,9 +23,10 @@ count ``n``, and per output column its count or its sum with the count of its no
 (a sum of none is null; an average is that sum divided by that count as Spark divides them:
 :class:`Average`). The state at a time plus the aggregates of its input's changes is the state at
 the next time, computed in one grouping of both. Those changes are, by what is below: the row-wise
-part applied to inserted rows at +1 and deleted rows at -1; a join's terms of the delta rule; a
-per-group query's rows of the changed groups recomputed after at +1 and before at -1 (they differ
-from its change only by rows that cancel); the rows a rollup's state below retracts and adds as its
+part applied to inserted rows at +1 and deleted rows at -1; a join's terms of the delta rule (an
+outer join's: the inner join's, and the kept side's changed rows padded); a per-group query's rows
+of the changed groups recomputed after at +1 and before at -1 (they differ from its change only by
+rows that cancel); the rows a rollup's state below retracts and adds as its
 own input's changes move it. The group's output row before and after is its change (-1, +1; a
 group whose count falls to 0 is gone). The work follows the change and the groups, not the source.
 Sums and averages of floating point (order-dependent), min/max, distinct aggregates and aggregates
@@ -50,6 +54,7 @@ from pyspark.sql.classic.column import Column as ClassicColumn
 from mvsink.desired.aggregate_top import aggregate_core
 from mvsink.desired.changes import touched_values
 from mvsink.desired.join import plan_is_inner_join
+from mvsink.desired.outer_join import padded_leaves
 from mvsink.desired.per_group import PerGroup, per_group
 from mvsink.desired.row_wise import plan_is_row_wise, plan_reads_subqueries, under_row_wise
 from mvsink.updates import DIFF
@@ -233,9 +238,10 @@ class GroupStates:
         (not grouped: :meth:`state` and :meth:`next_state` sum them per group)."""
         return rows.select(*self._as_state[diff])
 
-    def state(self, rows: DataFrame) -> DataFrame:
-        """The state of ``rows`` (the aggregate's input rows): one row per group."""
-        return self.rows_as_state(rows, 1).groupBy(*self._groups).agg(*self._grouped)
+    def state(self, *rows: DataFrame) -> DataFrame:
+        """The state of ``rows`` (the aggregate's input rows, in one or more parts): one row per group."""
+        states = [self.rows_as_state(part, 1) for part in rows]
+        return reduce(DataFrame.unionByName, states).groupBy(*self._groups).agg(*self._grouped)
 
     def next_state(self, state: DataFrame, changed_rows: DataFrame, one_task: bool = False) -> DataFrame:
         """Per group of ``state`` or ``changed_rows`` (from :meth:`rows_as_state`): its state before
@@ -324,6 +330,20 @@ def linear_aggregate(result: DataFrame, scan: str, sources: int = 1, top: bool =
     child = under_row_wise(result).child()  # its Aggregate's (a shape: deterministic, no subquery)
     return shape if (plan_is_row_wise(child, scan) if sources == 1
                      else plan_is_inner_join(child, scan, sources)) else None
+
+
+def aggregate_over_outer_join(result: DataFrame, scan: str, sources: int, top: bool = False
+                              ) -> tuple[LinearAggregate, list] | tuple[None, None]:
+    """The shape of ``result`` (``top`` as for :func:`aggregate_shape`) if it is a linear aggregate
+    over an outer join that it reads as an inner join plus the kept side
+    (:mod:`mvsink.desired.outer_join`: no ``count(*)``, the others' arguments null on the padded
+    side), and the padded side's leaves; else ``(None, None)``."""
+    shape = aggregate_shape(result, top)
+    if shape is None or any(out.kind == "rows" for out in shape.outputs):
+        return None, None
+    aggregate = under_row_wise(result)
+    leaves = padded_leaves(aggregate, _arguments(aggregate), scan, sources)
+    return (shape, leaves) if leaves is not None else (None, None)
 
 
 def aggregate_of_groups(result: DataFrame, scan: str, names: dict[int, str] | None = None, top: bool = False

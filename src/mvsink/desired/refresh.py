@@ -15,11 +15,11 @@ import logging
 
 from pyspark.sql import DataFrame
 
+from mvsink.desired.join import INNER_JOINS
 from mvsink.desired.row_wise import plan_reads_subqueries
 
 #: Plan nodes some strategy maintains (an ``Aggregate`` only at or near the top; a ``Union``: ``UNION ALL``).
 _MAINTAINED = frozenset({"Project", "Filter", "Join", "Union", "Aggregate"})
-_INNER_JOINS = frozenset({"Inner", "Cross"})
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def unmaintained_operator(result: DataFrame) -> str:
     while pending:
         node = pending.pop()
         name = node.nodeName()
-        if name == "Join" and node.joinType().toString() not in _INNER_JOINS:
+        if name == "Join" and node.joinType().toString() not in INNER_JOINS:
             return (f"a {node.joinType().toString()} Join with no key that every join equates, nor under an "
                     "aggregate grouped by columns of a side no outer join pads")
         if name not in _MAINTAINED:

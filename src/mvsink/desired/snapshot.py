@@ -34,7 +34,10 @@ the sources at each time, whatever the views are (SQL or Python functions).
 An *inner join*, or a *union all* of row-wise queries and inner joins (:mod:`mvsink.desired.join`),
 has per source whose version moves one term: the query over its change, the sources joined with it
 at their versions before or after, the sources of other branches as no rows; a linear aggregate
-over one moves its groups by the same terms. No result is kept.
+over one moves its groups by the same terms. No result is kept. A linear aggregate over an outer
+join that its aggregates read as the inner join plus the kept side padded
+(:mod:`mvsink.desired.outer_join`) moves its groups by the inner join's terms and the kept side's
+changes padded (its padded side's sources given no rows).
 """
 
 from __future__ import annotations
@@ -60,8 +63,9 @@ from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_k
                                  reads_each_once)
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_of_aggregate, aggregate_of_groups,
-                                             linear_aggregate)
+                                             aggregate_over_outer_join, linear_aggregate)
 from mvsink.desired.listed_files import add_actions, files_in_ranges, prunes, read_files, readable
+from mvsink.desired.outer_join import inner_joined
 from mvsink.desired.per_group import PerGroup, holding_rows_of, in_groups, per_group
 from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
@@ -142,6 +146,11 @@ class SnapshotDesired(Desired):
         self._below_top: RowWiseTop | None = None
         #: The query's shape if it is a per-group aggregate (:mod:`mvsink.desired.per_group`).
         self.per_group: PerGroup | None = None
+        #: Where the query is a linear aggregate over an outer join (:mod:`mvsink.desired.outer_join`):
+        #: the sources of its padded side (empty until the held rows name them), given no rows in
+        #: the kept side's own terms (``_padded_rows``).
+        self.padded: frozenset[str] | None = None
+        self._padded_rows: dict[str, DataFrame] = {}
         #: The declared sources the query reads, in the view's order (a pipeline's view declares
         #: every source of the pipeline): the strategies maintain the query over these, and a source
         #: it does not read moves none of its rows (it is given no rows in a step's queries).
@@ -177,6 +186,16 @@ class SnapshotDesired(Desired):
                 # its joins' keys are the ones below
                 over_held = self._below_top.core if self._below_top is not None else below
                 self._below_groups = GroupStates(self.below, over_held.schema, ())
+        elif self.padded is not None:  # the same over the held rows, its padded side's sources named
+            shape, leaves = aggregate_over_outer_join(over_held, HELD_ROWS, len(self.read), top=True)
+            by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+            padded = {by_rdd.get(leaf.rdd().id()) for leaf in leaves or []}
+            inner = inner_joined(self.aggregate.core(over_held))
+            if shape != self.aggregate or None in padded or not reads_each_once(inner, list(read_held.values())):
+                self.aggregate = self.padded = None
+            else:
+                self.padded, over_held = frozenset(padded), inner  # its joins' keys are the inner join's
+                self._padded_rows = {name: read_held[name] for name in self.padded}
         elif self.aggregate is not None and (
                 linear_aggregate(over_held, HELD_ROWS, len(self.read), top=True) != self.aggregate
                 or len(self.read) > 1 and not reads_each_once(self.aggregate.core(over_held),
@@ -243,6 +262,10 @@ class SnapshotDesired(Desired):
         if self.aggregate is not None:
             over = ("each source's changes joined with the other sources" if len(self.read) > 1
                     else "the source's changes")
+            if self.padded:
+                over += (" (its outer join as the inner join plus every row of its kept side padded, the other "
+                         f"sources given no rows: the aggregates read only {', '.join(sorted(self.padded))}'s "
+                         "columns, none of them count(*))")
             described = (f"its query is a linear aggregate: its changes are its groups' changes from {over}"
                          if self.below is None else
                          "its query is a linear aggregate of a linear aggregate (a rollup): the one below moves its "
@@ -302,6 +325,7 @@ class SnapshotDesired(Desired):
         is refused, naming what stops it (:mod:`mvsink.desired.refresh`)."""
         if self.input.refresh == "full":
             self.row_wise, self.aggregate, self.join, self.per_group, self.below = False, None, False, None, None
+            self.padded = None
         elif self.input.refresh == "incremental" and not self._maintained:
             raise ConfigError(f"view {self.view.view_id!r} has refresh incremental, but its query cannot be "
                               f"maintained from its sources' changes: {self._why_full()}; evaluate it in full "
@@ -320,8 +344,11 @@ class SnapshotDesired(Desired):
             self._sql_session = self.spark.newSession()
         return self._sql_session
 
-    def _contents(self, versions: dict[str, int]) -> DataFrame:
-        return self._query({n: self.read_source(n, versions[n], self._session()) for n in self.sources})
+    def _contents(self, versions: dict[str, int], given: dict[str, DataFrame] | None = None) -> DataFrame:
+        """The query over the sources at ``versions``, those in ``given`` given those rows instead."""
+        given = given or {}
+        return self._query({n: given[n] if n in given else self.read_source(n, versions[n], self._session())
+                            for n in self.sources})
 
     def _query(self, sources: dict[str, DataFrame]) -> DataFrame:
         """The query over ``sources`` (name -> rows, in :meth:`_session`)."""
@@ -362,6 +389,9 @@ class SnapshotDesired(Desired):
         self.row_wise = len(self.read) == 1 and is_row_wise(result, TABLE_SCAN)
         self.join = len(self.read) > 1 and is_inner_join(result, TABLE_SCAN, len(self.read))
         self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.read), top=True) if self.read else None
+        if self.aggregate is None and len(self.read) > 1:
+            self.aggregate, padded = aggregate_over_outer_join(result, TABLE_SCAN, len(self.read), top=True)
+            self.padded = frozenset() if padded is not None else None
         if self.aggregate is None and not self.join:
             self.per_group = per_group(result, TABLE_SCAN)
         if self.aggregate is None and self.per_group is None and not self.join and self.read:
@@ -416,7 +446,13 @@ class SnapshotDesired(Desired):
 
     def _hold_state(self, time: int) -> None:
         """The aggregate's state at ``time`` (and the one below's), from the sources at its versions, held."""
-        rows = self.aggregate.aggregate_input(self._contents(self.timeline.versions(time)))
+        versions = self.timeline.versions(time)
+        if self.padded:  # the inner join plus the kept side padded (its padded side given no rows)
+            inner = self.aggregate.aggregate_input(inner_joined(self._contents(versions)))
+            padded = self.aggregate.aggregate_input(self._contents(versions, self._padded_rows))
+            (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(inner, padded)), time
+            return
+        rows = self.aggregate.aggregate_input(self._contents(versions))
         if self.below is not None:
             self._below_state, self._below_size = checkpointed(
                 self._below_groups.state(self.below.aggregate_input(rows)))
@@ -544,8 +580,8 @@ class SnapshotDesired(Desired):
             return [c for c in self.per_group.keys[name] if is_ranged(schema[c].dataType.simpleString())]
         return sorted({column for pairs in self._join_keys.get(name, {}).values() for column, _ in pairs})
 
-    def _change_terms(self, time: int, feeds: SourceFeeds, of: tuple[str, ...] | None = None
-                      ) -> list[tuple[int, DataFrame]]:
+    def _change_terms(self, time: int, feeds: SourceFeeds, of: tuple[str, ...] | None = None,
+                      padded: frozenset[str] = frozenset()) -> list[tuple[int, DataFrame]]:
         """The query's change at ``time`` as terms ``(diff, result)``: per source whose version
         moves, the query over its inserted rows (+1) and its deleted rows (-1) and the other
         sources, those before it (in the view's order) at the time's versions, those after it
@@ -555,17 +591,21 @@ class SnapshotDesired(Desired):
         query over its change alone); the sources apart from it in a union all as no rows.
         A change none of whose rows has a key to join by has no term: its rows join nothing; nor
         has a change with no inserted (or no deleted) rows at ``time`` a term for them. With ``of``,
-        only those sources' terms."""
+        only those sources' terms; the sources ``padded`` have none, and are given no rows in the
+        others' (an outer join's kept side padded, :mod:`mvsink.desired.outer_join`)."""
         names, terms = list(self.read), []
         before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
         for i, name in enumerate(names):
-            if before[name] == after[name] or of is not None and name not in of or any(
-                    not feeds.ranges[name, column] for pairs in self._join_keys.get(name, {}).values()
-                    for column, _ in pairs):
+            if before[name] == after[name] or of is not None and name not in of or name in padded or any(
+                    not feeds.ranges[name, column] for other, pairs in self._join_keys.get(name, {}).items()
+                    if other not in padded for column, _ in pairs):
                 continue
             others = dict(self._unread_rows)
             for j, other in enumerate(names):
                 if j == i:
+                    continue
+                if other in padded:
+                    others[other] = self._padded_rows[other]
                     continue
                 if other in self._apart.get(name, ()):  # in no branch with it: its branches' terms only
                     others[other] = self._no_rows[other]
@@ -669,6 +709,9 @@ class SnapshotDesired(Desired):
         for time in times:
             terms = (self._change_terms(time, feeds) if group_cuts is None
                      else self._group_terms(time, feeds, group_cuts))
+            if self.padded:  # the inner join's terms, and the kept side's padded (its own changes)
+                terms = ([(diff, inner_joined(result)) for diff, result in terms]
+                         + self._change_terms(time, feeds, padded=self.padded))
             if not terms:  # no change at this time joins anything: the groups stay
                 self._state_time = time
                 continue
