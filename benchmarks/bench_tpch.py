@@ -26,7 +26,8 @@ range of keys). The views, each keyed by the group-by columns that identify its 
 * ``q10``: TPC-H Q10 (the revenue lost to returns per customer over 1993's last quarter; key
   ``c_custkey``);
 * ``q13``: the inner query of TPC-H Q13, every customer's count of orders (a left outer join, zero
-  for none; key ``c_custkey``): a key join, recomputed per key;
+  for none; key ``c_custkey``): a linear aggregate over an outer join (the inner join's terms and
+  the changed customers padded; orders not read);
 * ``q13dist``: TPC-H Q13 itself, without its ``ORDER BY``: how many customers have each count of
   orders (an aggregate over ``q13``; key ``c_count``): a linear aggregate of the per-key recompute;
 * ``lines``: per order, its lines' highest price, first ship date and distinct suppliers (min, max,

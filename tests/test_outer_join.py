@@ -32,6 +32,9 @@ KEPT_JOIN = ("SELECT c.segment, count(o.id) AS n, sum(o.amount) AS a FROM custom
 #: A condition of the outer join on the kept side alone: the customers of segment y match no order.
 CONDITIONED = ("SELECT c.cust, count(o.id) AS n, sum(o.amount) AS a FROM customers c LEFT JOIN orders o "
                "ON c.cust = o.cust AND c.segment <> 'y' GROUP BY c.cust")
+#: Under a top: an expression of the sum (a customer without orders: 0) and HAVING.
+TOPPED = ("SELECT c.cust, coalesce(sum(o.amount), 0) AS a, count(o.id) AS n FROM customers c LEFT JOIN orders o "
+          "ON c.cust = o.cust GROUP BY c.cust HAVING count(o.id) < 4")
 RIGHT = ("SELECT c.cust, sum(o.amount) AS a, count(o.id) AS n FROM orders o RIGHT JOIN customers c "
          "ON o.cust = c.cust GROUP BY c.cust")
 
@@ -47,6 +50,7 @@ def unchanged_sources(spark, tmp_path_factory) -> dict[str, str]:
     (PADDED_JOIN, {"orders", "payments"}),
     (KEPT_JOIN, {"orders"}),
     (CONDITIONED, {"orders"}),
+    (TOPPED, {"orders"}),
     (RIGHT, {"orders"}),
     ("SELECT c.cust, count(*) AS n FROM customers c LEFT JOIN orders o ON c.cust = o.cust GROUP BY c.cust",
      None),                                                                   # count(*) counts a padded row
@@ -62,7 +66,8 @@ def unchanged_sources(spark, tmp_path_factory) -> dict[str, str]:
      "ON c.cust = o.cust LEFT JOIN payments p ON c.cust = p.cust GROUP BY c.cust", None),  # two outer joins
     ("SELECT c.cust, count(o.id) AS n FROM customers c FULL JOIN orders o ON c.cust = o.cust "
      "GROUP BY c.cust", None),                                                # a full outer join
-], ids=["order-count", "segment-sums", "padded-join", "kept-join", "conditioned", "right", "count-star", "kept-sum", "coalesce",
+], ids=["order-count", "segment-sums", "padded-join", "kept-join", "conditioned", "topped", "right",
+        "count-star", "kept-sum", "coalesce",
         "padded-groups", "padded-filter", "two-outer", "full"])
 def test_which_queries_are_linear_aggregates_over_an_outer_join(spark, unchanged_sources, sql, padded):
     """Over the sources' scans and over rows held in Spark, each source read once (the padded
@@ -92,9 +97,10 @@ def test_which_queries_are_linear_aggregates_over_an_outer_join(spark, unchanged
     (PADDED_JOIN, (), ("payments",)),
     (KEPT_JOIN, ("segment",), ("customers",)),
     (CONDITIONED, (), ()),
+    (TOPPED, (), ("customers",)),
     (RIGHT, (), ()),
 ], ids=["order-count-orders-no-feed", "segment-sums", "padded-join-payments-no-feed", "kept-join-customers-no-feed",
-        "conditioned", "right"])
+        "conditioned", "topped-customers-no-feed", "right"])
 def test_linear_aggregates_over_an_outer_join_equal_the_full_evaluation_at_every_time(
         spark, tmp_path, strategies, sql, key, without_feed):
     """Random commits to orders, customers and payments (duplicates, null keys, orders moving
