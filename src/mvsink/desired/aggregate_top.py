@@ -23,6 +23,8 @@ diffs: the top of the rows retracted and added is the query's change, up to rows
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import DataFrame
 
 from mvsink.desired.row_wise import ROW_WISE_NODES, scala_items, under_row_wise
@@ -163,6 +165,21 @@ class Catalyst:
     def join_type(self, name: str):
         """Catalyst's join type of ``name`` (``Inner``, ``LeftSemi``, ...)."""
         return getattr(getattr(self._jvm.org.apache.spark.sql.catalyst.plans, f"{name}$"), "MODULE$")
+
+    def rejoined(self, plan, new_type: Callable):
+        """``plan`` with each join made the type ``new_type(join)`` names (None: as it is), the
+        same condition and hint, rebuilt from the changed joins up (``new_type`` sees a join with
+        its children already rebuilt); None where no join changes."""
+        children = scala_items(plan.children())
+        below = [self.rejoined(child, new_type) for child in children]
+        made = None
+        if any(new is not None for new in below):
+            made = plan = plan.withNewChildren(
+                self.seq([old if new is None else new for new, old in zip(below, children)]))
+        kind = new_type(plan) if plan.nodeName() == "Join" else None
+        if kind is not None:
+            made = self.logical.Join(plan.left(), plan.right(), self.join_type(kind), plan.condition(), plan.hint())
+        return made
 
     def frame(self, like: DataFrame, plan) -> DataFrame:
         """The DataFrame of the logical ``plan``, in ``like``'s session."""

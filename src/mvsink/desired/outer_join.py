@@ -83,20 +83,8 @@ def inner_joined(result: DataFrame) -> DataFrame:
     """``result`` with each outer join of its optimized plan made an inner join (the same
     condition): ``I`` of the module doc. ``result`` as it is where it has none."""
     nodes = Catalyst(result.sparkSession.sparkContext._jvm)
-
-    def rebuilt(node):
-        """``node`` made so, None where nothing under it changes."""
-        children = scala_items(node.children())
-        below = [rebuilt(child) for child in children]
-        made = None
-        if any(new is not None for new in below):
-            made = node = node.withNewChildren(
-                nodes.seq([old if new is None else new for new, old in zip(below, children)]))
-        if node.nodeName() == "Join" and node.joinType().toString() in _PADDED_SIDE:
-            made = nodes.logical.Join(node.left(), node.right(), nodes.join_type("Inner"), node.condition(), node.hint())
-        return made
-
-    plan = rebuilt(result._jdf.queryExecution().optimizedPlan())
+    plan = nodes.rejoined(result._jdf.queryExecution().optimizedPlan(),
+                          lambda join: "Inner" if join.joinType().toString() in _PADDED_SIDE else None)
     return nodes.frame(result, plan) if plan is not None else result
 
 

@@ -387,22 +387,15 @@ def holding_rows_of(result: DataFrame, rows: DataFrame) -> DataFrame:
     ids = {a.exprId().id() for a in scala_items(rows._jdf.queryExecution().analyzed().output())}
     nodes = Catalyst(result.sparkSession.sparkContext._jvm)
 
-    def rebuilt(node) -> tuple[object | None, bool]:
-        """``node`` made so (None: nothing to change), and whether ``rows``' leaf (the one with
-        its columns) is under it."""
+    def holds(node) -> bool:
+        """Whether ``rows``' leaf (the one with its columns) is under ``node``."""
         children = scala_items(node.children())
-        if not children:
-            return None, any(a.exprId().id() in ids for a in scala_items(node.output()))
-        below = [rebuilt(child) for child in children]
-        if not any(holds for _, holds in below):
-            return None, False
-        made = None
-        if any(new is not None for new, _ in below):
-            made = node = node.withNewChildren(
-                nodes.seq([old if new is None else new for (new, _), old in zip(below, children)]))
-        if node.nodeName() == "Join" and (kind := _HOLDING.get(node.joinType().toString(), (None, None))[below[1][1]]):
-            made = nodes.logical.Join(node.left(), node.right(), nodes.join_type(kind), node.condition(), node.hint())
-        return made, True
+        if children:
+            return any(map(holds, children))
+        return any(a.exprId().id() in ids for a in scala_items(node.output()))
 
-    plan, _ = rebuilt(result._jdf.queryExecution().optimizedPlan())
+    def holding(join) -> str | None:
+        return _HOLDING.get(join.joinType().toString(), (None, None))[holds(join.right())] if holds(join) else None
+
+    plan = nodes.rejoined(result._jdf.queryExecution().optimizedPlan(), holding)
     return nodes.frame(result, plan) if plan is not None else result

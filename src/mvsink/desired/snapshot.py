@@ -448,16 +448,15 @@ class SnapshotDesired(Desired):
         """The aggregate's state at ``time`` (and the one below's), from the sources at its versions, held."""
         versions = self.timeline.versions(time)
         if self.padded:  # the inner join plus the kept side padded (its padded side given no rows)
-            inner = self.aggregate.aggregate_input(inner_joined(self._contents(versions)))
-            padded = self.aggregate.aggregate_input(self._contents(versions, self._padded_rows))
-            (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(inner, padded)), time
-            return
-        rows = self.aggregate.aggregate_input(self._contents(versions))
+            parts = [self.aggregate.aggregate_input(inner_joined(self._contents(versions))),
+                     self.aggregate.aggregate_input(self._contents(versions, self._padded_rows))]
+        else:
+            parts = [self.aggregate.aggregate_input(self._contents(versions))]
         if self.below is not None:
             self._below_state, self._below_size = checkpointed(
-                self._below_groups.state(self.below.aggregate_input(rows)))
-            rows = _through(self._below_top, self._below_groups.output(self._below_state))
-        (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(rows)), time
+                self._below_groups.state(self.below.aggregate_input(parts[0])))
+            parts = [_through(self._below_top, self._below_groups.output(self._below_state))]
+        (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(*parts)), time
 
     @property
     def snapshot_is_stored(self) -> bool:
