@@ -12,7 +12,7 @@ import pytest
 
 from helpers import maintained_and_recomputed
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition
-from mvsink.desired.linear_aggregate import aggregate_over_outer_join
+from mvsink.desired.linear_aggregate import aggregate_of_aggregate, aggregate_over_outer_join
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN
 from test_per_key import _random_commits, _sources
 
@@ -37,6 +37,13 @@ TOPPED = ("SELECT c.cust, coalesce(sum(o.amount), 0) AS a, count(o.id) AS n FROM
           "ON c.cust = o.cust GROUP BY c.cust HAVING count(o.id) < 4")
 RIGHT = ("SELECT c.cust, sum(o.amount) AS a, count(o.id) AS n FROM orders o RIGHT JOIN customers c "
          "ON o.cust = c.cust GROUP BY c.cust")
+#: TPC-H Q13 itself: how many customers have each count of orders (a rollup of ORDER_COUNT).
+CUSTOMERS_PER_COUNT = f"SELECT n, count(*) AS customers FROM ({ORDER_COUNT}) GROUP BY n"
+#: A rollup of sums over the outer join, below it a top: per segment, its customers' totals (null
+#: for a customer without orders) and how many customers have fewer than 3 orders.
+SEGMENT_TOTALS = ("SELECT segment, sum(a) AS total, count(a) AS paying, count(*) AS customers FROM ("
+                  "SELECT c.cust, c.segment, sum(o.amount) AS a FROM customers c LEFT JOIN orders o "
+                  "ON c.cust = o.cust GROUP BY c.cust, c.segment HAVING count(o.id) < 3) GROUP BY segment")
 
 
 @pytest.fixture(scope="module")
@@ -66,27 +73,40 @@ def unchanged_sources(spark, tmp_path_factory) -> dict[str, str]:
      "ON c.cust = o.cust LEFT JOIN payments p ON c.cust = p.cust GROUP BY c.cust", None),  # two outer joins
     ("SELECT c.cust, count(o.id) AS n FROM customers c FULL JOIN orders o ON c.cust = o.cust "
      "GROUP BY c.cust", None),                                                # a full outer join
+    (CUSTOMERS_PER_COUNT, {"orders"}),
+    (SEGMENT_TOTALS, {"orders"}),
+    (f"SELECT n, count(*) AS customers FROM (SELECT c.cust, count(*) AS n FROM customers c LEFT JOIN orders o "
+     "ON c.cust = o.cust GROUP BY c.cust) GROUP BY n", None),                 # a rollup of a count(*) below
 ], ids=["order-count", "segment-sums", "padded-join", "kept-join", "conditioned", "topped", "right",
         "count-star", "kept-sum", "coalesce",
-        "padded-groups", "padded-filter", "two-outer", "full"])
+        "padded-groups", "padded-filter", "two-outer", "full",
+        "rollup-count", "rollup-sums", "rollup-count-star"])
 def test_which_queries_are_linear_aggregates_over_an_outer_join(spark, unchanged_sources, sql, padded):
     """Over the sources' scans and over rows held in Spark, each source read once (the padded
     side's sources named), as a view checks it; and the view's strategy."""
     for name, path in unchanged_sources.items():
         spark.read.format("delta").load(path).createOrReplaceTempView(name)
-    shape, _ = aggregate_over_outer_join(spark.sql(sql), TABLE_SCAN, 3 if "payments" in sql else 2, top=True)
-    assert (shape is not None) == (padded is not None)
+    rollup = sql.startswith("SELECT n,") or sql.startswith("SELECT segment,")
+    sources = 3 if "payments" in sql else 2
+    if rollup:
+        shape, below, _ = aggregate_of_aggregate(spark.sql(sql), TABLE_SCAN, sources, top=True)
+        assert (shape is not None and below is not None) == (padded is not None)
+    else:
+        shape, _ = aggregate_over_outer_join(spark.sql(sql), TABLE_SCAN, sources, top=True)
+        assert (shape is not None) == (padded is not None)
     view = MaterializedView(spark, ViewDefinition("v", "/nonexistent/v", SnapshotInput(sql=sql),
                                                   sources=unchanged_sources, replica_id="r1"))
     assert view.desired.padded == (frozenset(padded) if padded else None)
     if padded:
         assert view.desired.aggregate is not None and view.desired.per_group is None
+        assert (view.desired.below is not None) == rollup
         assert "outer join as the inner join plus every row of its kept side padded" in \
             view.desired.strategy_description()
     held = {name: spark.table(name).limit(0).localCheckpoint(eager=True) for name in unchanged_sources}
     for name, rows in held.items():
         rows.createOrReplaceTempView(name)
-    _, leaves = aggregate_over_outer_join(spark.sql(sql), HELD_ROWS, 3 if "payments" in sql else 2, top=True)
+    _, leaves = (aggregate_of_aggregate(spark.sql(sql), HELD_ROWS, sources, top=True)[1:] if rollup
+                 else aggregate_over_outer_join(spark.sql(sql), HELD_ROWS, sources, top=True))
     names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
     assert ({names[leaf.rdd().id()] for leaf in leaves} if leaves is not None else None) == padded
 
@@ -99,8 +119,11 @@ def test_which_queries_are_linear_aggregates_over_an_outer_join(spark, unchanged
     (CONDITIONED, (), ()),
     (TOPPED, (), ("customers",)),
     (RIGHT, (), ()),
+    (CUSTOMERS_PER_COUNT, ("n",), ("orders",)),
+    (SEGMENT_TOTALS, ("segment",), ("customers",)),
 ], ids=["order-count-orders-no-feed", "segment-sums", "padded-join-payments-no-feed", "kept-join-customers-no-feed",
-        "conditioned", "topped-customers-no-feed", "right"])
+        "conditioned", "topped-customers-no-feed", "right", "rollup-count-orders-no-feed",
+        "rollup-sums-customers-no-feed"])
 def test_linear_aggregates_over_an_outer_join_equal_the_full_evaluation_at_every_time(
         spark, tmp_path, strategies, sql, key, without_feed):
     """Random commits to orders, customers and payments (duplicates, null keys, orders moving
@@ -113,7 +136,10 @@ def test_linear_aggregates_over_an_outer_join_equal_the_full_evaluation_at_every
     edit = _random_commits(spark, sources, rng, without_feed, orders=0.6)
     view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng, key=key)
     assert view.desired.padded and view.desired._previous is None
-    assert strategies and set(strategies) == {"linear aggregate"}, strategies
+    rollup = sql in (CUSTOMERS_PER_COUNT, SEGMENT_TOTALS)
+    assert (view.desired.below is not None) == rollup
+    assert strategies and set(strategies) == {"linear aggregate of linear aggregate" if rollup
+                                              else "linear aggregate"}, strategies
 
 
 def test_a_customer_no_order_matches_keeps_its_row_as_its_orders_go(spark, tmp_path):

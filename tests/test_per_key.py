@@ -116,10 +116,10 @@ def _shapes(spark, sources: dict[str, str], sql: str, shape: Callable):
     return over_sources, shape(spark.sql(sql), HELD_ROWS, names), names
 
 
-#: Linear aggregates over per-group queries: TPC-H Q13's shape (customers by their count of orders,
-#: an aggregate of an aggregate of a left join), an aggregate over an outer join grouped by a column
-#: of the padded side, and an aggregate of an aggregate of one source.
-BY_ORDER_COUNT = ("SELECT n, count(*) AS customers, sum(cust) AS custs FROM (SELECT c.cust, count(o.id) AS n "
+#: Linear aggregates over per-group queries: TPC-H Q13's shape with count(*) (customers by their
+#: count of rows of a left join, 1 without orders: not linear, it is no rollup), an aggregate over
+#: an outer join grouped by a column of the padded side, and an aggregate of an aggregate of one source.
+BY_ORDER_COUNT = ("SELECT n, count(*) AS customers, sum(cust) AS custs FROM (SELECT c.cust, count(*) AS n "
                   "FROM customers c LEFT JOIN orders o ON c.cust = o.cust GROUP BY c.cust) GROUP BY n")
 BY_SEGMENT = ("SELECT c.segment, count(o.id) AS orders, sum(o.amount) AS amount, avg(o.amount) AS mean, "
               "count(*) AS n FROM orders o LEFT JOIN customers c ON o.cust = c.cust GROUP BY c.segment")
@@ -278,7 +278,7 @@ HISTOGRAM = "SELECT n, count(*) AS custs FROM (SELECT cust, count(*) AS n FROM o
      "JOIN customers c ON o.cust = c.cust GROUP BY c.cust, c.segment) GROUP BY segment", False),  # an expression above
     ("SELECT n, count(*) AS k FROM (SELECT cust, sum(CAST(amount AS DOUBLE)) AS n FROM orders GROUP BY cust) "
      "GROUP BY n", False),                                                   # a float sum below
-    (BY_ORDER_COUNT, False),                                                 # a left join below: of groups
+    (BY_ORDER_COUNT, False),                                                 # a left join's count(*) below
 ], ids=["rollup", "histogram", "expression-above", "float-sum-below", "left-join-below"])
 def test_which_queries_are_rollups(spark, tmp_path, unchanged_sources, sql, rollup):
     """A linear aggregate of a linear aggregate, as the view takes it: rollups only, and preferred

@@ -12,7 +12,7 @@ an integral or decimal column or expression of its input, over one of:
 * a per-group query (:mod:`mvsink.desired.per_group`: an aggregate of an aggregate, an aggregate
   over an outer join: :func:`aggregate_of_groups`);
 * another linear aggregate whose output columns it aggregates as they are (a rollup:
-  :func:`aggregate_of_aggregate`).
+  :func:`aggregate_of_aggregate`; the one below maybe over an outer join, as above).
 
 ``SELECT DISTINCT`` and ``UNION`` are such aggregates with no aggregate column: a row is there
 while its count is not 0. Each output column is a grouping column or one such aggregate.
@@ -358,17 +358,22 @@ def aggregate_of_groups(result: DataFrame, scan: str, names: dict[int, str] | No
 
 
 def aggregate_of_aggregate(result: DataFrame, scan: str, sources: int = 1, top: bool = False
-                           ) -> tuple[LinearAggregate, LinearAggregate] | tuple[None, None]:
+                           ) -> tuple[LinearAggregate, LinearAggregate, list | None] | tuple[None, None, None]:
     """The shapes of ``result`` (``top`` as for :func:`aggregate_shape`) and of the query below its
     ``Aggregate`` if that is a linear aggregate (a rollup: sums of sums, counts of groups; maybe
-    under a top of its own, which holds any expression of its columns the one above reads) and
-    ``result`` a linear aggregate of its output columns as they are (no expression: it reads the
-    rows the one below outputs); else ``(None, None)``."""
+    under a top of its own, which holds any expression of its columns the one above reads; maybe
+    over an outer join, :func:`aggregate_over_outer_join`) and ``result`` a linear aggregate of its
+    output columns as they are (no expression: it reads the rows the one below outputs), and the
+    padded side's leaves of the one below's outer join (None: it has none); else ``(None, None, None)``."""
     outer = aggregate_shape(result, top)
     if outer is None or any(out.expression is not None for out in outer.outputs):
-        return None, None
-    below = linear_aggregate(outer.aggregate_input(result), scan, sources, top=True)
-    return (outer, below) if below is not None else (None, None)
+        return None, None, None
+    below_query = outer.aggregate_input(result)
+    below = linear_aggregate(below_query, scan, sources, top=True)
+    if below is not None:
+        return outer, below, None
+    below, leaves = aggregate_over_outer_join(below_query, scan, sources, top=True) if sources > 1 else (None, None)
+    return (outer, below, leaves) if below is not None else (None, None, None)
 
 
 def aggregate_shape(result: DataFrame, top: bool = False) -> LinearAggregate | None:

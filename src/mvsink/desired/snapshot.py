@@ -178,24 +178,27 @@ class SnapshotDesired(Desired):
                 self.aggregate, self.per_group = (shape, inner) if shape == self.aggregate else (None, None)
         elif self.below is not None:  # the same two aggregates over the held rows, the one below reading each once
             below = self.aggregate.aggregate_input(over_held)
-            if (aggregate_of_aggregate(over_held, HELD_ROWS, len(self.read), top=True) != (self.aggregate, self.below)
-                    or len(self.read) > 1 and not reads_each_once(self.below.core(below), list(read_held.values()))):
-                self.aggregate = self.below = None
+            shapes = aggregate_of_aggregate(over_held, HELD_ROWS, len(self.read), top=True)
+            padded = self._padded_sources(shapes[2], held)
+            if (shapes[:2] != (self.aggregate, self.below) or (padded is None) != (self.padded is None)
+                    or len(self.read) > 1 and not reads_each_once(inner_joined(self.below.core(below)),
+                                                                  list(read_held.values()))):
+                self.aggregate = self.below = self.padded = None
             else:
                 self._below_top = RowWiseTop(below) if self.below.top else None
-                # its joins' keys are the ones below
-                over_held = self._below_top.core if self._below_top is not None else below
-                self._below_groups = GroupStates(self.below, over_held.schema, ())
+                core = self._below_top.core if self._below_top is not None else below
+                self._below_groups = GroupStates(self.below, core.schema, ())
+                self._padded(padded, read_held)
+                over_held = inner_joined(core)  # its joins' keys are the ones below (an outer join's the inner's)
         elif self.padded is not None:  # the same over the held rows, its padded side's sources named
             shape, leaves = aggregate_over_outer_join(over_held, HELD_ROWS, len(self.read), top=True)
-            by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
-            padded = {by_rdd.get(leaf.rdd().id()) for leaf in leaves or []}
+            padded = self._padded_sources(leaves, held)
             inner = inner_joined(self.aggregate.core(over_held))
-            if shape != self.aggregate or None in padded or not reads_each_once(inner, list(read_held.values())):
+            if shape != self.aggregate or padded is None or not reads_each_once(inner, list(read_held.values())):
                 self.aggregate = self.padded = None
             else:
-                self.padded, over_held = frozenset(padded), inner  # its joins' keys are the inner join's
-                self._padded_rows = {name: read_held[name] for name in self.padded}
+                self._padded(padded, read_held)
+                over_held = inner  # its joins' keys are the inner join's
         elif self.aggregate is not None and (
                 linear_aggregate(over_held, HELD_ROWS, len(self.read), top=True) != self.aggregate
                 or len(self.read) > 1 and not reads_each_once(self.aggregate.core(over_held),
@@ -395,10 +398,24 @@ class SnapshotDesired(Desired):
         if self.aggregate is None and not self.join:
             self.per_group = per_group(result, TABLE_SCAN)
         if self.aggregate is None and self.per_group is None and not self.join and self.read:
-            self.aggregate, self.below = aggregate_of_aggregate(result, TABLE_SCAN, len(self.read), top=True)
+            self.aggregate, self.below, padded = aggregate_of_aggregate(result, TABLE_SCAN, len(self.read), top=True)
+            self.padded = frozenset() if padded is not None else None
             if self.aggregate is None:
                 self.aggregate, self.per_group = aggregate_of_groups(result, TABLE_SCAN, top=True)
         return result.schema
+
+    def _padded_sources(self, leaves: list | None, held: dict[str, DataFrame]) -> frozenset[str] | None:
+        """The sources whose held rows are ``leaves`` (an outer join's padded side over the held
+        rows), None where one is not a source's or the query has no outer join (``leaves`` None)."""
+        by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+        names = {by_rdd.get(leaf.rdd().id()) for leaf in leaves or []}
+        return frozenset(names) if leaves is not None and None not in names else None
+
+    def _padded(self, padded: frozenset[str] | None, read_held: dict[str, DataFrame]) -> None:
+        """Names the outer join's padded side's sources (None: it has none), given no rows in the
+        kept side's terms."""
+        self.padded = padded
+        self._padded_rows = {name: read_held[name] for name in padded or ()}
 
     def _held_rows(self) -> dict[str, DataFrame]:
         """Rows held in Spark (none) for each source, in its columns: the query over them, where
@@ -447,14 +464,13 @@ class SnapshotDesired(Desired):
     def _hold_state(self, time: int) -> None:
         """The aggregate's state at ``time`` (and the one below's), from the sources at its versions, held."""
         versions = self.timeline.versions(time)
-        if self.padded:  # the inner join plus the kept side padded (its padded side given no rows)
-            parts = [self.aggregate.aggregate_input(inner_joined(self._contents(versions))),
-                     self.aggregate.aggregate_input(self._contents(versions, self._padded_rows))]
-        else:
-            parts = [self.aggregate.aggregate_input(self._contents(versions))]
-        if self.below is not None:
+        contents = ([inner_joined(self._contents(versions)), self._contents(versions, self._padded_rows)]
+                    if self.padded  # the inner join plus the kept side padded (its padded side given no rows)
+                    else [self._contents(versions)])
+        parts = [self.aggregate.aggregate_input(rows) for rows in contents]
+        if self.below is not None:  # the outer join is the one below's, if there is one
             self._below_state, self._below_size = checkpointed(
-                self._below_groups.state(self.below.aggregate_input(parts[0])))
+                self._below_groups.state(*[self.below.aggregate_input(rows) for rows in parts]))
             parts = [_through(self._below_top, self._below_groups.output(self._below_state))]
         (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(*parts)), time
 
