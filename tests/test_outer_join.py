@@ -75,7 +75,7 @@ def unchanged_sources(spark, tmp_path_factory) -> dict[str, str]:
      "GROUP BY c.cust", None),                                                # a full outer join
     (CUSTOMERS_PER_COUNT, {"orders"}),
     (SEGMENT_TOTALS, {"orders"}),
-    (f"SELECT n, count(*) AS customers FROM (SELECT c.cust, count(*) AS n FROM customers c LEFT JOIN orders o "
+    ("SELECT n, count(*) AS customers FROM (SELECT c.cust, count(*) AS n FROM customers c LEFT JOIN orders o "
      "ON c.cust = o.cust GROUP BY c.cust) GROUP BY n", None),                 # a rollup of a count(*) below
 ], ids=["order-count", "segment-sums", "padded-join", "kept-join", "conditioned", "topped", "right",
         "count-star", "kept-sum", "coalesce",
