@@ -29,7 +29,10 @@ range of keys). The views, each keyed by the group-by columns that identify its 
   for none; key ``c_custkey``): a linear aggregate over an outer join (the inner join's terms and
   the changed customers padded; orders not read);
 * ``q13dist``: TPC-H Q13 itself, without its ``ORDER BY``: how many customers have each count of
-  orders (an aggregate over ``q13``; key ``c_count``): a linear aggregate of the per-key recompute;
+  orders (an aggregate over ``q13``; key ``c_count``): a rollup, both linear aggregates moved by the change;
+* ``q6``: TPC-H Q6, one sum over a year of lineitem (no ``GROUP BY``: one row, no key);
+* ``q14``: TPC-H Q14, the promotions' share of a month's revenue (lineitem joined with part, an
+  expression of two sums, no ``GROUP BY``: one row, no key);
 * ``lines``: per order, its lines' highest price, first ship date and distinct suppliers (min, max,
   ``count(DISTINCT ...)`` over lineitem; key ``l_orderkey``): recomputed per group;
 * ``custorders``: a view over an aggregate view, every customer with its orders' count, last date
@@ -56,7 +59,7 @@ contender is timed doing the wrong thing.
 With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
-Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3left|q3seg|q1|q5|q10|q13|q13dist|lines|custorders]
+Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3left|q3seg|q1|q5|q6|q10|q13|q13dist|q14|lines|custorders]
 [--scale 1] [--rounds 5] [--changed-orders N] [--moved-customers 0.001] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
@@ -133,6 +136,20 @@ FROM customer LEFT JOIN (SELECT o_custkey, count(*) AS orders, max(o_orderdate) 
   ON c_custkey = o.o_custkey
 """, ("c_custkey",), ("customer", "orders")),
 }
+#: TPC-H Q6: one sum over lineitem, no GROUP BY (one row; no key).
+QUERIES["q6"] = ("""
+SELECT sum(l_extendedprice * l_discount) AS revenue FROM lineitem
+WHERE l_shipdate >= DATE '1994-01-01' AND l_shipdate < DATE '1995-01-01'
+  AND l_discount BETWEEN 0.05 AND 0.07 AND l_quantity < 24
+""", (), ("lineitem",))
+#: TPC-H Q14: the promotions' share of a month's revenue, over lineitem joined with part, no GROUP
+#: BY (an expression of two sums: a linear aggregate under a top; one row, no key).
+QUERIES["q14"] = ("""
+SELECT 100.00 * sum(CASE WHEN p_type LIKE 'PROMO%' THEN l_extendedprice * (1 - l_discount) ELSE 0 END)
+       / sum(l_extendedprice * (1 - l_discount)) AS promo_revenue
+FROM lineitem JOIN part ON l_partkey = p_partkey
+WHERE l_shipdate >= DATE '1995-09-01' AND l_shipdate < DATE '1995-10-01'
+""", (), ("lineitem", "part"))
 #: A rollup (a view over a view): Q3's per-order revenue, summed per market segment.
 QUERIES["q3seg"] = (f"SELECT c_mktsegment, sum(revenue) AS revenue, count(*) AS orders FROM ({QUERIES['q3'][0]}) "
                     "GROUP BY c_mktsegment", ("c_mktsegment",), QUERIES["q3"][2])
@@ -161,7 +178,8 @@ GROUP BY o.o_orderkey, c.c_mktsegment, o.o_orderdate, o.o_shippriority
 """, ("o_orderkey",), QUERIES["q3"][2])
 #: Each table's key, and its files per scale factor 1 (at least 1).
 TABLES = {"customer": ("c_custkey", 2), "orders": ("o_orderkey", 16), "lineitem": ("l_orderkey", 48),
-          "supplier": ("s_suppkey", 1), "nation": ("n_nationkey", 1), "region": ("r_regionkey", 1)}
+          "supplier": ("s_suppkey", 1), "nation": ("n_nationkey", 1), "region": ("r_regionkey", 1),
+          "part": ("p_partkey", 2)}
 
 
 def main() -> int:
@@ -300,7 +318,7 @@ def run(args, workdir: str) -> int:
     def overwrite():
         query().write.format("delta").mode("overwrite").save(targets["overwrite"])
 
-    matched = " AND ".join(f"t.{c} = s.{c}" for c in key)
+    matched = " AND ".join(f"t.{c} = s.{c}" for c in key) or "true"  # no key: a view of one row
     changed = " OR ".join(f"NOT (t.{c} <=> s.{c})" for c in columns if c not in key)
 
     def merge():

@@ -24,7 +24,8 @@ EXPRESSIONS = ("SELECT cust AS customer, sum(amount) * 2 AS twice, sum(amount) /
 #: No grouping column kept: distinct groups can have the same row, and a group's row before and
 #: after can be the same (a retraction and an addition that cancel).
 UNKEYED = "SELECT sum(amount) > 6 AS big, count(*) > 2 AS many FROM orders GROUP BY cust"
-#: A rollup under HAVING, and Q13's shape (a count of a left join's groups) under HAVING.
+#: A rollup under HAVING, and Q13's shape (a count of a left join's groups, a rollup over an
+#: outer join) under HAVING.
 ROLLUP = (f"SELECT segment, sum(total) / count(*) AS mean FROM (SELECT c.segment, c.cust, sum(o.amount) AS total "
           f"{JOINED} GROUP BY c.cust, c.segment) GROUP BY segment HAVING count(*) > 1")
 #: A rollup whose aggregate below has a top: the big customers per segment (HAVING below and
@@ -36,6 +37,10 @@ DOUBLED = (f"SELECT segment, sum(total * 2) AS doubled FROM (SELECT c.segment, c
            "GROUP BY c.cust, c.segment) GROUP BY segment HAVING sum(total * 2) > 0")
 OF_GROUPS = ("SELECT n, count(*) AS custs FROM (SELECT c.cust, count(o.id) AS n FROM customers c LEFT JOIN orders o "
              "ON c.cust = o.cust GROUP BY c.cust) GROUP BY n HAVING count(*) > 1")
+#: No GROUP BY (TPC-H Q14's shape): one row, expressions of sums over a join (no rows at all:
+#: test_linear_aggregate's no-group-by cases).
+NO_GROUPS = (f"SELECT sum(CASE WHEN c.segment = 'x' THEN o.amount ELSE 0 END) * 100 AS x_share, count(*) AS n, "
+             f"sum(o.amount) + 1 AS total {JOINED} WHERE o.amount > 2")
 
 
 def _sources(spark, tmp_path, rng: random.Random) -> dict[str, str]:
@@ -67,7 +72,8 @@ LINEAR, ROLLUP_OF, OF_KEYS, FULL = ("linear aggregate", "linear aggregate of lin
     (ROLLUP, ROLLUP_OF, "above", True),
     (BIG_CUSTOMERS, ROLLUP_OF, "both", True),
     (DOUBLED, OF_KEYS, "above", True),
-    (OF_GROUPS, OF_KEYS, "above", True),
+    (OF_GROUPS, ROLLUP_OF, "above", True),
+    (NO_GROUPS, LINEAR, "above", True),                                     # one row: keyed by anything
     (f"SELECT c.segment, count(*) AS n {JOINED} GROUP BY c.segment HAVING max(o.amount) > 3", FULL, None, None),
     (f"SELECT c.segment, count(*) * rand() AS n {JOINED} GROUP BY c.segment", FULL, None, None),
     (f"SELECT c.segment, sum(CAST(o.amount AS DOUBLE)) * 2 AS s {JOINED} GROUP BY c.segment", FULL, None, None),
@@ -75,7 +81,7 @@ LINEAR, ROLLUP_OF, OF_KEYS, FULL = ("linear aggregate", "linear aggregate of lin
      FULL, None, None),                                                      # a subquery
     (f"SELECT c.segment, count(*) AS n {JOINED} GROUP BY c.segment", LINEAR, None, None),  # no top
 ], ids=["having-join", "expressions", "unkeyed", "having-one-source", "part-of-groups", "rollup", "big-customers",
-        "doubled", "of-groups", "max", "rand", "float-sum", "subquery", "no-top"])
+        "doubled", "of-groups", "no-groups", "max", "rand", "float-sum", "subquery", "no-top"])
 def test_which_queries_are_linear_aggregates_under_a_top(spark, tmp_path, unchanged_sources, sql, strategy, tops,
                                                          keyed):
     """As a view takes it (over the sources, then over rows held): a linear aggregate with a top
@@ -108,9 +114,10 @@ def test_which_queries_are_linear_aggregates_under_a_top(spark, tmp_path, unchan
     (UNKEYED, (), (), "linear aggregate"),
     (ROLLUP, ("segment",), ("customers",), "linear aggregate of linear aggregate"),
     (BIG_CUSTOMERS, ("segment",), ("orders",), "linear aggregate of linear aggregate"),
-    (OF_GROUPS, ("n",), (), "linear aggregate of per-key recompute"),
+    (OF_GROUPS, ("n",), (), "linear aggregate of linear aggregate"),
+    (NO_GROUPS, (), ("customers",), "linear aggregate"),
 ], ids=["having-join", "expressions-no-feed", "unkeyed", "rollup-customers-no-feed", "big-customers-orders-no-feed",
-        "of-groups"])
+        "of-groups", "no-groups-customers-no-feed"])
 def test_aggregates_under_a_top_equal_the_full_evaluation_at_every_time(spark, tmp_path, strategies, sql, key,
                                                                          without_feed, strategy):
     """The view maintained beside the view evaluated in full, over random commits to orders and

@@ -23,6 +23,9 @@ QUERY = ("SELECT grp, sub, count(*) AS n, sum(qty) AS qty, count(price) AS price
          "FROM src WHERE id % 7 <> 3 GROUP BY grp, sub")
 #: Averages of an INT, a BIGINT, a DECIMAL(10, 2) (which Spark's optimizer averages as doubles of
 #: its unscaled values), a DECIMAL(20, 2) and a DECIMAL(21, 4) expression, and a sum of a product.
+#: Without GROUP BY: one row, even while the filter passes none (counts 0; sums, averages null).
+GLOBAL = ("SELECT count(*) AS n, sum(qty) AS qty, count(price) AS priced, avg(price) AS mean, sum(price) AS total "
+          "FROM src WHERE grp = 'd'")
 AVERAGES = ("SELECT grp, count(*) AS n, avg(qty) AS avg_qty, avg(id) AS avg_id, avg(price) AS avg_price, "
             "avg(CAST(price AS DECIMAL(20, 2))) AS avg_wide, avg(price * price) AS avg_square, "
             "sum(qty * price) AS qty_price FROM src WHERE id % 7 <> 3 GROUP BY grp")
@@ -41,7 +44,10 @@ AVERAGES = ("SELECT grp, count(*) AS n, avg(qty) AS avg_qty, avg(id) AS avg_id, 
     ("SELECT grp, max(qty) AS m FROM src GROUP BY grp", False),
     ("SELECT grp, count(DISTINCT qty) AS d FROM src GROUP BY grp", False),
     ("SELECT grp, count(*) AS n FROM src GROUP BY grp HAVING count(*) > 1", False),
-    ("SELECT count(*) AS n FROM src", False),                            # one row even when empty
+    ("SELECT count(*) AS n FROM src WHERE qty > 0", True),               # no GROUP BY: one row, even of none
+    ("SELECT count(*) AS n FROM src", False),  # Delta counts it from its log (no Aggregate, no read): full
+    ("SELECT sum(qty + 1) AS s, avg(price) AS a FROM src WHERE grp = 'a'", True),
+    ("SELECT max(qty) AS m FROM src", False),
     ("SELECT grp, count(*) * 2 AS n FROM src GROUP BY grp", False),
     ("SELECT grp, count(*) FILTER (WHERE qty > 0) AS n FROM src GROUP BY grp", False),
     ("SELECT grp, count(*) AS n FROM src WHERE qty > (SELECT avg(qty) FROM src) GROUP BY grp", False),
@@ -86,8 +92,10 @@ def _edit(spark, src: str, rng: random.Random, next_id: list[int]) -> None:
     (QUERY, ("sub",), 5, True, False),            # a source without change data feed: its commits' files
     (AVERAGES, (), 7, True, True),                # averages of groups that lose their values and rows
     (AVERAGES, ("grp",), 5, False, True),
+    (GLOBAL, (), 7, True, True),
+    (GLOBAL, ("n",), 5, False, False),            # keyed by its count; its one row moves its key
 ], ids=["keyless", "equal-rows", "key-groups", "key-part", "key-aggregate", "key-part-no-feed", "averages",
-        "averages-keyed"])
+        "averages-keyed", "no-group-by", "no-group-by-keyed-no-feed"])
 def test_aggregate_changes_equal_the_differences_of_the_query_results(spark, tmp_path, monkeypatch, sql, key,
                                                                         rounds, one_task, feed):
     """The view from the change feed (linear aggregate), several commits per time, and a replica
@@ -112,7 +120,12 @@ def test_aggregate_changes_equal_the_differences_of_the_query_results(spark, tmp
                                         rounds=rounds, rng=rng, key=key)
     assert view.desired.aggregate is not None
     assert view.desired._previous is None, "a linear aggregate keeps its state, not its result"
-    if key:
+    if sql == GLOBAL:  # one row at every time, over no rows too (the filter passed none at some time)
+        counts = [[r.n for r in read_view(spark, str(tmp_path / "from_feed"), "from_feed", t).collect()]
+                  for t in range(view.observed_upper)]
+        assert all(len(n) == 1 for n in counts) and [0] in counts and any(n != [0] for n in counts), counts
+        assert not any(checks), "one row: no key can have two"
+    elif key:
         errors = {r[0].split(" ")[0] for t in range(view.observed_upper)
                   for r in view_errors(spark, str(tmp_path / "from_feed"), t).collect()}
         assert "null" in errors and ("duplicate" in errors) == (key == ("sub",)), errors

@@ -1,7 +1,7 @@
 """Whether a snapshot view's query is a *linear aggregate*, and its changes from its source's changes.
 
 A query is a linear aggregate when its optimized logical plan is one ``Aggregate`` that groups by
-columns (at least one) and computes only ``count(*)``, ``count(column)``, and ``sum`` and ``avg`` of
+columns (or none) and computes only ``count(*)``, ``count(column)``, and ``sum`` and ``avg`` of
 an integral or decimal column or expression of its input, over one of:
 
 * a row-wise query (:mod:`mvsink.desired.row_wise`: projections and filters of one scan);
@@ -29,8 +29,10 @@ of the changed groups recomputed after at +1 and before at -1 (they differ from 
 rows that cancel); the rows a rollup's state below retracts and adds as its
 own input's changes move it. The group's output row before and after is its change (-1, +1; a
 group whose count falls to 0 is gone). The work follows the change and the groups, not the source.
-Sums and averages of floating point (order-dependent), min/max, distinct aggregates and aggregates
-without ``GROUP BY`` are not linear aggregates: they are recomputed. Expressions of the aggregates
+A query without ``GROUP BY`` (TPC-H Q6's one sum) is one group whose row is there even over no
+rows (counts 0, sums and averages null), as Spark's global aggregate has it. Sums and averages of
+floating point (order-dependent), min/max and distinct aggregates are not linear aggregates: they
+are recomputed. Expressions of the aggregates
 and ``HAVING`` are a row-wise *top* over one (:mod:`mvsink.desired.aggregate_top`): the state is the
 aggregate's (its *core*'s), and the top maps the rows it retracts and adds to the query's.
 
@@ -188,7 +190,10 @@ class GroupStates:
         self._sums = ([F.sum(F.when(~touched, F.col(c))).alias(_before(c)) for c in state] + self._grouped
                       + [F.max(touched).alias(_TOUCHED)])
         before, after = self._output_values(schema, _before), self._output_values(schema, lambda c: c)
-        had, has = F.coalesce(F.col(_before(_N)), F.lit(0)) > 0, F.col(_N) > 0
+        # a grouped query has a group's row while the group has rows; one without GROUP BY has its
+        # one row always (its counts 0 and sums null over no rows)
+        has_rows = F.col(_N) > 0 if aggregate.groups else F.lit(True)
+        had, has = (F.coalesce(F.col(_before(_N)), F.lit(0)) > 0 if aggregate.groups else F.lit(True)), has_rows
         # a group's row appears or disappears even where its values would be the same (grouping
         # columns only, as of SELECT DISTINCT; a sum of only nulls)
         differs = (had != has) | ~reduce(Column.__and__, [b.eqNullSafe(a) for b, a in zip(before, after)])
@@ -216,7 +221,7 @@ class GroupStates:
             self._movement = {small: movement + touched_values(touches, small) for small in (True, False)}
         else:
             self._movement = {small: movement for small in (True, False)}
-        self._has_rows, self._moved = F.col(_N) > 0, F.col(_RETRACT) | F.col(_ADD)
+        self._has_rows, self._moved = has_rows, F.col(_RETRACT) | F.col(_ADD)
 
         def row(values: list[Column], diff: int, when: str) -> Column:
             fields = [v.alias(f.name) for v, f in zip(values, schema.fields)] + [F.lit(diff).cast("long").alias(DIFF)]
@@ -255,7 +260,8 @@ class GroupStates:
         return tagged.groupBy(*self._groups).agg(*self._sums).select(*self._moves)
 
     def kept_state(self, combined: DataFrame) -> DataFrame:
-        """The state after, from :meth:`next_state`: the groups that still have rows."""
+        """The state after, from :meth:`next_state`: the groups that still have rows (without
+        ``GROUP BY``, the one group, which has its row even with none)."""
         return combined.where(self._has_rows).select(*self._state_columns)
 
     def updates(self, combined: DataFrame) -> DataFrame:
@@ -293,10 +299,10 @@ class GroupStates:
         for i, (out, field) in enumerate(zip(self.aggregate.outputs, schema.fields)):
             if out.kind == "group":
                 value = F.col(_group(self.aggregate.groups.index(out.column)))
-            elif out.kind == "rows":
-                value = F.col(name(_N))
+            elif out.kind == "rows":  # 0, not null, over no rows (the one row of a query without GROUP BY)
+                value = F.coalesce(F.col(name(_N)), F.lit(0))
             elif out.kind == "count":
-                value = F.col(name(_value(i)))
+                value = F.coalesce(F.col(name(_value(i))), F.lit(0))
             elif out.kind == "sum":
                 value = F.when(F.col(name(_nonnull(i))) > 0, F.col(name(_value(i))))
             else:
@@ -399,7 +405,7 @@ def _plain_shape(result: DataFrame) -> LinearAggregate | None:
         if _kind(expr) != "AttributeReference":
             return None
         groups.append(expr.name())
-    if not groups or len(set(_attribute_names(plan.child()))) != len(_attribute_names(plan.child())):
+    if len(set(_attribute_names(plan.child()))) != len(_attribute_names(plan.child())):
         return None
     outputs = []
     for expr in _seq(plan.aggregateExpressions()):
