@@ -6,7 +6,7 @@ time, has none). A *row-wise* query (projections and filters of one source,
 :mod:`mvsink.desired.row_wise`) is applied to the source's changes
 (:func:`mvsink.desired.change_feed.source_changes`: its change data feed, or its commits' added and
 removed files, feed or no feed): the work follows the change and no result is kept. A *linear
-aggregate* (counts and exact sums grouped by columns over a row-wise query,
+aggregate* (counts and exact sums grouped by columns, or not grouped, over a row-wise query,
 :mod:`mvsink.desired.linear_aggregate`) keeps its groups' state in Spark and moves it by the
 aggregates of the source's changes. Another aggregate of one source grouped by its columns (min,
 max, distinct counts, percentiles: :mod:`mvsink.desired.per_group`) is recomputed for
@@ -37,7 +37,8 @@ at their versions before or after, the sources of other branches as no rows; a l
 over one moves its groups by the same terms. No result is kept. A linear aggregate over an outer
 join that its aggregates read as the inner join plus the kept side padded
 (:mod:`mvsink.desired.outer_join`) moves its groups by the inner join's terms and the kept side's
-changes padded (its padded side's sources given no rows).
+changes padded (its padded side's sources given no rows); so does a rollup's aggregate below
+over one (TPC-H Q13).
 """
 
 from __future__ import annotations
