@@ -98,7 +98,7 @@ def apart_sources(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, se
     ``Union`` over both separates, which no branch of the query joins with it (none: no union)."""
     plan = result._jdf.queryExecution().optimizedPlan()
     plan = plan.child() if plan.nodeName() == "Aggregate" else plan
-    by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+    by_rdd = held_names(held)
     apart: dict[str, set[str]] = {name: set() for name in held}
 
     def sources_under(node) -> list[str]:
@@ -116,6 +116,12 @@ def apart_sources(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, se
 
     sources_under(plan)
     return apart
+
+
+def held_names(held: dict[str, DataFrame]) -> dict[int, str]:
+    """Each source's name by the id of its ``held`` rows' RDD: a plan's leaf over them is named
+    by its ``rdd().id()``."""
+    return {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
 
 
 def reads_each_once(result: DataFrame, held: list[DataFrame]) -> bool:
@@ -159,7 +165,7 @@ def join_keys(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, dict[s
     plan = result._jdf.queryExecution().optimizedPlan()
     plan = plan.child() if plan.nodeName() == "Aggregate" else plan
     leaves, _ = linear_leaves(plan, _KEYED_JOINS)
-    by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+    by_rdd = held_names(held)
     columns = {}  # an output attribute's id -> (source, column, type)
     for leaf in leaves or []:
         name = by_rdd.get(leaf.rdd().id())

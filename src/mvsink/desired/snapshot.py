@@ -60,8 +60,8 @@ from mvsink.desired.change_feed import source_changes
 from mvsink.desired.aggregate_top import RowWiseTop, aggregate_groups
 from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small,
                                     held_changes, touched_ranges, unreadable)
-from mvsink.desired.join import (apart_sources, is_inner_join, is_ranged, join_keys, key_ranges, key_sets, pruned,
-                                 reads_each_once)
+from mvsink.desired.join import (apart_sources, held_names, is_inner_join, is_ranged, join_keys, key_ranges, key_sets,
+                                 pruned, reads_each_once)
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_of_aggregate, aggregate_of_groups,
                                              aggregate_over_outer_join, linear_aggregate)
@@ -171,7 +171,7 @@ class SnapshotDesired(Desired):
         self._source_key = passed_through(over_held, view.key) if self.row_wise and view.key else None
         self._source_keys_known: tuple[int, bool] | None = None
         if self.per_group is not None:  # its sources named, each read once
-            by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+            by_rdd = held_names(held)
             if self.aggregate is None:
                 self.per_group = per_group(over_held, HELD_ROWS, by_rdd)
             else:  # a linear aggregate over a per-group query: the same aggregate over the held rows
@@ -180,7 +180,7 @@ class SnapshotDesired(Desired):
         elif self.below is not None:  # the same two aggregates over the held rows, the one below reading each once
             below = self.aggregate.aggregate_input(over_held)
             shapes = aggregate_of_aggregate(over_held, HELD_ROWS, len(self.read), top=True)
-            padded = self._padded_sources(shapes[2], held)
+            padded = _sources_of(shapes[2], held)
             if (shapes[:2] != (self.aggregate, self.below) or (padded is None) != (self.padded is None)
                     or len(self.read) > 1 and not reads_each_once(inner_joined(self.below.core(below)),
                                                                   list(read_held.values()))):
@@ -193,7 +193,7 @@ class SnapshotDesired(Desired):
                 over_held = inner_joined(core)  # its joins' keys are the ones below (an outer join's the inner's)
         elif self.padded is not None:  # the same over the held rows, its padded side's sources named
             shape, leaves = aggregate_over_outer_join(over_held, HELD_ROWS, len(self.read), top=True)
-            padded = self._padded_sources(leaves, held)
+            padded = _sources_of(leaves, held)
             inner = inner_joined(self.aggregate.core(over_held))
             if shape != self.aggregate or padded is None or not reads_each_once(inner, list(read_held.values())):
                 self.aggregate = self.padded = None
@@ -404,13 +404,6 @@ class SnapshotDesired(Desired):
             if self.aggregate is None:
                 self.aggregate, self.per_group = aggregate_of_groups(result, TABLE_SCAN, top=True)
         return result.schema
-
-    def _padded_sources(self, leaves: list | None, held: dict[str, DataFrame]) -> frozenset[str] | None:
-        """The sources whose held rows are ``leaves`` (an outer join's padded side over the held
-        rows), None where one is not a source's or the query has no outer join (``leaves`` None)."""
-        by_rdd = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
-        names = {by_rdd.get(leaf.rdd().id()) for leaf in leaves or []}
-        return frozenset(names) if leaves is not None and None not in names else None
 
     def _padded(self, padded: frozenset[str] | None, read_held: dict[str, DataFrame]) -> None:
         """Names the outer join's padded side's sources (None: it has none), given no rows in the
@@ -957,6 +950,14 @@ def _through(top: RowWiseTop | None, rows: DataFrame) -> DataFrame:
     """A linear aggregate's rows (its output, or its core's under ``top``; other columns passed
     on) as its query's."""
     return rows if top is None else top.over(rows)
+
+
+def _sources_of(leaves: list | None, held: dict[str, DataFrame]) -> frozenset[str] | None:
+    """The sources whose ``held`` rows are ``leaves`` (an outer join's padded side over them),
+    None where one is not a source's or the query has no outer join (``leaves`` None)."""
+    by_rdd = held_names(held)
+    names = {by_rdd.get(leaf.rdd().id()) for leaf in leaves or []}
+    return frozenset(names) if leaves is not None and None not in names else None
 
 
 def _listing(name: str, version: int, cuts: list[tuple[str, list[tuple], bool]]) -> tuple:
