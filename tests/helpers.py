@@ -612,23 +612,29 @@ def run_racers(target: str, processes: int, rounds: int, out_dir, timeout: float
     return outs
 
 
-def query_results_at_every_time(spark, src: str, sql: str, views: dict[str, str], timeline: str, upper: int,
-                                key: tuple[str, ...] = ()) -> None:
-    """Each view (view id -> target) equals ``sql`` over ``src`` (as ``src``) at the version of
-    every time below ``upper`` on ``timeline``. With ``key``: its ok rows are the result's rows
-    whose key has no null, and its errors one per such row with a null and one per key with
-    several rows (computed here in SQL over the result, not by mvsink's code)."""
+def query_results_at_every_time(spark, src: str | dict[str, str], sql: str, views: dict[str, str], timeline: str,
+                                upper: int, key: tuple[str, ...] = ()) -> None:
+    """Each view (view id -> target) equals ``sql`` over ``src`` (one source, as ``src``; or
+    sources by name) at the versions of every time below ``upper`` on ``timeline``, evaluated here
+    by Spark over the Delta tables as of those versions. With ``key``: its ok rows are the
+    result's rows whose key has no null, and its errors one per such row with a null and one per
+    key with several rows (computed here in SQL over the result, not by mvsink's code)."""
     from collections import Counter
 
     from mvsink import read_view, view_errors
     from mvsink.check import TimelineReader
 
+    sources = {"src": src} if isinstance(src, str) else src
     reader = TimelineReader(timeline)
     for at in range(upper):
-        spark.read.format("delta").option("versionAsOf", reader.version(at)).load(src).createOrReplaceTempView("src")
+        for name, version in reader.versions(at).items():
+            spark.read.format("delta").option("versionAsOf", version).load(sources[name]).createOrReplaceTempView(name)
         result = spark.sql(sql)
+        rows = [tuple(r) for r in result.collect()]
         expected_errors = Counter()
-        if key:
+        at_key = [result.columns.index(k) for k in key]
+        keys = Counter(tuple(row[i] for i in at_key) for row in rows) if key else Counter()
+        if any(None in k or n > 1 for k, n in keys.items()):  # the errors' messages, by Spark
             from pyspark.sql import functions as F
 
             null_key = reduce(lambda a, b: a | b, [F.col(k).isNull() for k in key])
@@ -638,8 +644,8 @@ def query_results_at_every_time(spark, src: str, sql: str, views: dict[str, str]
                           .select(F.concat(F.lit("duplicate key "), F.to_json(F.struct(*key)), F.lit(": "),
                                            F.col("count").cast("string"), F.lit(" rows"))))
             expected_errors = Counter(r[0] for r in nulls.union(duplicates).collect())
-            result = result.where(~null_key)
-        expected = Counter(tuple(r) for r in result.collect())
+            rows = [row for row in rows if None not in (row[i] for i in at_key)]
+        expected = Counter(rows)
         for view_id, target in views.items():
             got = Counter(tuple(r) for r in read_view(spark, target, view_id, at, errors="ignore" if key else "raise")
                           .collect())
@@ -845,17 +851,13 @@ def through_random_rounds(spark, tmp_path, sources: dict[str, str], sql: str, ed
     return views[name], upper
 
 
-def maintained_and_recomputed(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],
+def maintained_against_the_query(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],
                               rounds: int, rng, key: tuple[str, ...] = (), refresh: str = "incremental"):
-    """:func:`through_random_rounds` with the view ``recomputed``: at every time both have the
-    same rows. Returns the first view (for its strategy)."""
-    from collections import Counter
-
-    from mvsink import read_view
-
-    view, upper = through_random_rounds(spark, tmp_path, sources, sql, edit, rounds, rng, key, refresh)
-    for at in range(upper):
-        maintained, expected = (Counter(tuple(r) for r in read_view(spark, str(tmp_path / n), n, at).collect())
-                                for n in ("maintained", "recomputed"))
-        assert maintained == expected, f"time {at}"
+    """:func:`through_random_rounds`, then at every time the view ``maintained`` has the rows (and
+    key errors) of the query evaluated in full by Spark over the sources as of that time's
+    versions (:func:`query_results_at_every_time`). Returns the view (for its strategy)."""
+    view, upper = through_random_rounds(spark, tmp_path, sources, sql, edit, rounds, rng, key, refresh,
+                                        recomputed=False)
+    target = str(tmp_path / "maintained")
+    query_results_at_every_time(spark, sources, sql, {"maintained": target}, target + "_timeline", upper, key)
     return view

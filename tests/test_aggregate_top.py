@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from helpers import create_source, edit_customers, edit_orders, maintained_and_recomputed
+from helpers import create_source, edit_customers, edit_orders, maintained_against_the_query
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition
 from mvsink.desired.aggregate_top import RowWiseTop, aggregate_core
 
@@ -137,6 +137,6 @@ def test_aggregates_under_a_top_equal_the_full_evaluation_at_every_time(spark, t
         if rng.random() < 0.5:
             edit_customers(spark, sources["customers"], rng)
 
-    view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=5, rng=rng, key=key)
+    view = maintained_against_the_query(spark, tmp_path, sources, sql, edit, rounds=5, rng=rng, key=key)
     assert (view.desired._top or view.desired._below_top) is not None and view.desired._previous is None
     assert strategies and set(strategies) == {strategy}, strategies

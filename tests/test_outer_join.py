@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from helpers import maintained_and_recomputed
+from helpers import maintained_against_the_query
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition
 from mvsink.desired.linear_aggregate import aggregate_of_aggregate, aggregate_over_outer_join
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN
@@ -134,7 +134,7 @@ def test_linear_aggregates_over_an_outer_join_equal_the_full_evaluation_at_every
     rng = random.Random(47)
     sources = _sources(spark, tmp_path, rng)
     edit = _random_commits(spark, sources, rng, without_feed, orders=0.6)
-    view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng, key=key)
+    view = maintained_against_the_query(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng, key=key)
     assert view.desired.padded and view.desired._previous is None
     rollup = sql in (CUSTOMERS_PER_COUNT, SEGMENT_TOTALS)
     assert (view.desired.below is not None) == rollup
@@ -150,7 +150,7 @@ def test_a_customer_no_order_matches_keeps_its_row_as_its_orders_go(spark, tmp_p
     sources = _sources(spark, tmp_path, rng)
     commits = iter([f"DELETE FROM delta.`{sources['orders']}` WHERE cust = 1",
                     f"INSERT INTO delta.`{sources['orders']}` VALUES (500, 1, 3)"])
-    view = maintained_and_recomputed(spark, tmp_path, sources, CONDITIONED,
+    view = maintained_against_the_query(spark, tmp_path, sources, CONDITIONED,
                                      lambda: spark.sql(next(commits, "SELECT 1")), rounds=2, rng=rng)
     assert view.desired.padded == {"orders"}
     rows = {r.cust: (r.n, r.a) for r in spark.read.format("delta").load(str(tmp_path / "maintained")).collect()}

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from helpers import create_source, edit_customers, edit_orders, insert, maintained_and_recomputed
+from helpers import create_source, edit_customers, edit_orders, insert, maintained_against_the_query
 from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition
 from mvsink.desired import changes as changes_module
 from mvsink.desired.linear_aggregate import aggregate_of_aggregate, aggregate_of_groups
@@ -255,7 +255,7 @@ def test_aggregates_of_inner_joins_equal_the_full_evaluation_at_every_time(spark
     rng = random.Random(43)
     sources = _sources(spark, tmp_path, rng)
     edit = _random_commits(spark, sources, rng, without_feed, orders=0.6)
-    view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng, key=key)
+    view = maintained_against_the_query(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng, key=key)
     desired = view.desired
     assert desired.per_group is not None and desired.per_group.whole and desired._previous is None
     assert strategies and set(strategies) == {"linear aggregate of per-group recompute" if linear
@@ -312,7 +312,7 @@ def test_aggregates_of_aggregates_equal_the_full_evaluation_at_every_time(spark,
     rng = random.Random(37)
     sources = {name: path for name, path in _sources(spark, tmp_path, rng).items() if name != "payments"}
     edit = _random_commits(spark, sources, rng, without_feed, orders=0.7)
-    view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng, key=key)
+    view = maintained_against_the_query(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng, key=key)
     assert view.desired.aggregate is not None and view.desired._previous is None
     assert strategies and set(strategies) == {f"linear aggregate of {strategy}"}, strategies
 
@@ -364,7 +364,7 @@ def test_key_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_pat
     rng = random.Random(31)
     sources = _sources(spark, tmp_path, rng)
     edit = _random_commits(spark, sources, rng, without_feed, orders=0.6)
-    view = maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng)
+    view = maintained_against_the_query(spark, tmp_path, sources, sql, edit, rounds=4, rng=rng)
     assert view.desired.per_group is not None and view.desired._previous is None
     assert strategies and set(strategies) == {STRATEGY}, strategies
 
@@ -507,6 +507,6 @@ def test_refresh_auto_switching_to_full_evaluation_and_back_stays_exact(spark, t
         if rng.random() < 0.5:
             edit_customers(spark, sources["customers"], rng, KEYS)
 
-    maintained_and_recomputed(spark, tmp_path, sources, sql, edit, rounds=6, rng=rng, refresh="auto")
+    maintained_against_the_query(spark, tmp_path, sources, sql, edit, rounds=6, rng=rng, refresh="auto")
     assert {"full evaluation"} < set(strategies), strategies
     assert any(before_ranges) == (sql == LEFT), before_ranges  # the key join keeps no result to start from

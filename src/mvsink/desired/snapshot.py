@@ -388,7 +388,7 @@ class SnapshotDesired(Desired):
         versions = self.schema_versions()
         rows = {name: self.read_source(name, versions[name], self._session()) for name in self.sources}
         result = self._query(rows)
-        tables = {table: name for name, frame in rows.items() for table in _delta_tables(frame)}
+        tables = {table: name for name, frame in rows.items() for table in _delta_tables(frame, analyzed=True)}
         self.read = tuple(name for name in self.sources if name in {tables.get(t) for t in _delta_tables(result)})
         self.row_wise = len(self.read) == 1 and is_row_wise(result, TABLE_SCAN)
         self.join = len(self.read) > 1 and is_inner_join(result, TABLE_SCAN, len(self.read))
@@ -998,10 +998,11 @@ def _sql_over(rows: dict[str, DataFrame], name: str, sql: str) -> DataFrame:
                                       **{f"t{i}": frame for i, frame in enumerate(frames)})
 
 
-def _delta_tables(frame: DataFrame) -> set[str]:
+def _delta_tables(frame: DataFrame, analyzed: bool = False) -> set[str]:
     """The Delta tables the scans of ``frame``'s plan read (outside subqueries, which no strategy
-    maintains), as the plan names them."""
-    return {index.path().toString() for index in delta_file_indexes(frame)}
+    maintains), as the plan names them (``analyzed``: its analyzed plan, see
+    :func:`~mvsink.desired.changes.delta_file_indexes`)."""
+    return {index.path().toString() for index in delta_file_indexes(frame, analyzed)}
 
 
 def _table_path(uri: str) -> str:
