@@ -819,7 +819,7 @@ def edit_customers(spark, src: str, rng, customers: int = 5) -> None:
 
 def through_random_rounds(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],
                           rounds: int, rng, key: tuple[str, ...] = (), refresh: str = "incremental",
-                          name: str = "maintained", recomputed: bool = True):
+                          name: str = "maintained", recomputed: bool = False):
     """The view ``name`` of ``sql`` over ``sources`` with ``key``, as mvsink maintains it (with
     ``refresh``), and if ``recomputed`` the view ``recomputed`` evaluated in full at each time;
     ``rounds`` times 1-3 ``edit()`` calls (source commits), then caught up. A second replica of the
@@ -852,12 +852,11 @@ def through_random_rounds(spark, tmp_path, sources: dict[str, str], sql: str, ed
 
 
 def maintained_against_the_query(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],
-                              rounds: int, rng, key: tuple[str, ...] = (), refresh: str = "incremental"):
+                                 rounds: int, rng, key: tuple[str, ...] = (), refresh: str = "incremental"):
     """:func:`through_random_rounds`, then at every time the view ``maintained`` has the rows (and
     key errors) of the query evaluated in full by Spark over the sources as of that time's
     versions (:func:`query_results_at_every_time`). Returns the view (for its strategy)."""
-    view, upper = through_random_rounds(spark, tmp_path, sources, sql, edit, rounds, rng, key, refresh,
-                                        recomputed=False)
+    view, upper = through_random_rounds(spark, tmp_path, sources, sql, edit, rounds, rng, key, refresh)
     target = str(tmp_path / "maintained")
     query_results_at_every_time(spark, sources, sql, {"maintained": target}, target + "_timeline", upper, key)
     return view
