@@ -81,7 +81,7 @@ def test_join_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, s
             edit_customers(spark, customers, rng)
 
     view = maintained_against_the_query(spark, tmp_path, {"orders": orders, "customers": customers}, sql, edit,
-                                     rounds=6, rng=rng)
+                                        rounds=6, rng=rng)
     assert view.desired.join or view.desired.aggregate is not None
     assert view.desired._previous is None, "a join keeps no result, an aggregate its groups"
 

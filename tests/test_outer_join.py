@@ -151,7 +151,7 @@ def test_a_customer_no_order_matches_keeps_its_row_as_its_orders_go(spark, tmp_p
     commits = iter([f"DELETE FROM delta.`{sources['orders']}` WHERE cust = 1",
                     f"INSERT INTO delta.`{sources['orders']}` VALUES (500, 1, 3)"])
     view = maintained_against_the_query(spark, tmp_path, sources, CONDITIONED,
-                                     lambda: spark.sql(next(commits, "SELECT 1")), rounds=2, rng=rng)
+                                        lambda: spark.sql(next(commits, "SELECT 1")), rounds=2, rng=rng)
     assert view.desired.padded == {"orders"}
     rows = {r.cust: (r.n, r.a) for r in spark.read.format("delta").load(str(tmp_path / "maintained")).collect()}
     assert rows[1] == (0, None)
