@@ -162,6 +162,19 @@ class Catalyst:
         return self._jvm.org.apache.spark.sql.catalyst.expressions.Alias(
             expression, name, expr_id, self._nil, self._none, self._nil)
 
+    def and_(self, left, right):
+        """``left AND right``."""
+        return self._jvm.org.apache.spark.sql.catalyst.expressions.And(left, right)
+
+    def is_not_null(self, expression):
+        """``expression IS NOT NULL``."""
+        return self._jvm.org.apache.spark.sql.catalyst.expressions.IsNotNull(expression)
+
+    def new_expr_id(self):
+        """An attribute id no plan has yet."""
+        return getattr(getattr(self._jvm.org.apache.spark.sql.catalyst.expressions, "NamedExpression$"),
+                       "MODULE$").newExprId()
+
     def join_type(self, name: str):
         """Catalyst's join type of ``name`` (``Inner``, ``LeftSemi``, ...)."""
         return getattr(getattr(self._jvm.org.apache.spark.sql.catalyst.plans, f"{name}$"), "MODULE$")

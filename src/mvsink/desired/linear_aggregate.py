@@ -186,6 +186,7 @@ class GroupStates:
         self._state_columns = [*self._groups, *[F.col(c) for c in state]]
         self._as_state = {diff: self._state_row(diff) for diff in (1, -1)}
         self._grouped = [F.sum(c).alias(c) for c in state]
+        self._value_names = tuple(state)
         touched = F.col(_TOUCHED)
         self._sums = ([F.sum(F.when(~touched, F.col(c))).alias(_before(c)) for c in state] + self._grouped
                       + [F.max(touched).alias(_TOUCHED)])
@@ -238,15 +239,30 @@ class GroupStates:
         rows are ``small``, else their least and greatest)."""
         return self._movement[small]
 
-    def rows_as_state(self, rows: DataFrame, diff: int) -> DataFrame:
+    def rows_as_state(self, rows: DataFrame, diff: int, keep: tuple[str, ...] = ()) -> DataFrame:
         """``rows`` (the aggregate's input rows), each at ``diff``, as a state of one row each
-        (not grouped: :meth:`state` and :meth:`next_state` sum them per group)."""
-        return rows.select(*self._as_state[diff])
+        (not grouped: :meth:`state` and :meth:`next_state` sum them per group), with their
+        columns ``keep`` after."""
+        return rows.select(*self._as_state[diff], *keep)
 
     def state(self, *rows: DataFrame) -> DataFrame:
         """The state of ``rows`` (the aggregate's input rows, in one or more parts): one row per group."""
-        states = [self.rows_as_state(part, 1) for part in rows]
-        return reduce(DataFrame.unionByName, states).groupBy(*self._groups).agg(*self._grouped)
+        return self.summed(reduce(DataFrame.unionByName, [self.rows_as_state(part, 1) for part in rows]))
+
+    def summed(self, states: DataFrame, *more: str) -> DataFrame:
+        """``states`` (rows of :meth:`rows_as_state`) summed per group, and per value of their
+        columns ``more``."""
+        return states.groupBy(*self._groups, *more).agg(*self._grouped)
+
+    @property
+    def group_names(self) -> list[str]:
+        """The state's grouping columns, in the order of the aggregate's groups."""
+        return [_group(i) for i in range(len(self.aggregate.groups))]
+
+    @property
+    def value_names(self) -> list[str]:
+        """The state's other columns: the row count, each aggregate's value and non-nulls."""
+        return list(self._value_names)
 
     def next_state(self, state: DataFrame, changed_rows: DataFrame, one_task: bool = False) -> DataFrame:
         """Per group of ``state`` or ``changed_rows`` (from :meth:`rows_as_state`): its state before
@@ -477,6 +493,12 @@ def _average_of(function, data_type: T.DataType, divisor: float | None) -> Avera
     result = function.dataType()
     return Average("decimal", f"decimal({min(38, data_type.precision + 10)},{data_type.scale})",
                    (result.precision(), result.scale()), function.evalMode().toString() != "ANSI")
+
+
+def aggregate_arguments(core: DataFrame) -> list:
+    """The argument of each output's aggregate function in ``core``'s optimized plan (an
+    ``Aggregate``; None for a grouping column or ``count(*)``), as Catalyst expressions."""
+    return _arguments(core._jdf.queryExecution().optimizedPlan())
 
 
 def _arguments(plan) -> list:

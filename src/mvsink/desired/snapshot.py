@@ -38,7 +38,11 @@ over one moves its groups by the same terms. No result is kept. A linear aggrega
 join that its aggregates read as the inner join plus the kept side padded
 (:mod:`mvsink.desired.outer_join`) moves its groups by the inner join's terms and the kept side's
 changes padded (its padded side's sources given no rows); so does a rollup's aggregate below
-over one (TPC-H Q13).
+over one (TPC-H Q13). A linear aggregate over an inner join with a *dimension* (a source the join
+reaches only by its key, whose columns only filter and group: TPC-H Q3's customers) holds, while
+the dimension changes, the rest of the join aggregated by the dimension's key
+(:mod:`mvsink.desired.dimension`): the dimension's change meets that instead of the other sources,
+which a change spread over every key would read whole.
 """
 
 from __future__ import annotations
@@ -58,13 +62,14 @@ from pyspark.sql import types as T
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.aggregate_top import RowWiseTop, aggregate_groups
+from mvsink.desired.dimension import DimensionSplit, HeldRest, split_at_dimension
 from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small,
                                     held_changes, touched_ranges, unreadable)
 from mvsink.desired.join import (apart_sources, held_names, is_inner_join, is_ranged, join_keys, key_ranges, key_sets,
                                  pruned, reads_each_once)
 from mvsink.desired.key_check import unique_keys
-from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_of_aggregate, aggregate_of_groups,
-                                             aggregate_over_outer_join, linear_aggregate)
+from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_arguments, aggregate_of_aggregate,
+                                             aggregate_of_groups, aggregate_over_outer_join, linear_aggregate)
 from mvsink.desired.listed_files import add_actions, files_in_ranges, prunes, read_files, readable
 from mvsink.desired.outer_join import inner_joined
 from mvsink.desired.per_group import PerGroup, holding_rows_of, in_groups, per_group
@@ -235,6 +240,16 @@ class SnapshotDesired(Desired):
             self._keyed_by_groups = bool(view.key) and self._top.groups_are_keyed(view.key)
         elif self.aggregate is not None:
             self._groups = GroupStates(self.aggregate, self.user_schema, view.key)
+        #: Where a linear aggregate over an inner join has a dimension: the rest of its join held
+        #: aggregated by the dimension's keys while the dimension changes (:mod:`mvsink.desired.dimension`).
+        self._rest: HeldRest | None = None
+        #: Seconds of the step so far spent holding the rest (see :meth:`_hold_rest`).
+        self._setup_seconds = 0.0
+        if (self.aggregate is not None and self.per_group is None and self.below is None and not self.padded
+                and len(self.read) > 1 and not any(self._apart.values())):
+            split = split_at_dimension(over_held, held_names(read_held), aggregate_arguments(over_held),
+                                       [o.column if o.expression is not None else None for o in self.aggregate.outputs])
+            self._rest = HeldRest(split, self._groups, self.aggregate.groups) if split is not None else None
         log.info("view %r: %s", view.view_id, self.strategy_description())
 
     def strategy_description(self) -> str:
@@ -276,6 +291,11 @@ class SnapshotDesired(Desired):
                          f"groups by {over}, the one above its groups by the rows the one below retracts and adds"
                          + (" (under its expressions and HAVING)" if self._below_top is not None else ""))
             described += self._top_words
+            if self._rest is not None:
+                dimension = self._rest.split.dimension
+                described += (f"; while {dimension} changes, the rest of the join is held aggregated by its keys "
+                              f"({self._rest.split.equalities}), and {dimension}'s changes meet that instead of "
+                              "the other sources")
         elif self.join and self._no_rows:
             described = ("its query is a union all (of row-wise queries and inner joins): its changes are each "
                          "source's changes joined with the other sources of its branches")
@@ -485,7 +505,7 @@ class SnapshotDesired(Desired):
                                else (self.per_group.strategy, self._per_group_changes) if self.per_group is not None
                                else (None, None))
         if from_feed is not None and not (self.auto is not None and self.auto.takes_full()):
-            started = monotonic()
+            started, self._setup_seconds = monotonic(), 0.0
             try:
                 changes = replace(from_feed(times), strategy=strategy)
             except Exception as exc:
@@ -497,7 +517,7 @@ class SnapshotDesired(Desired):
                             reason)
             else:
                 if self.auto is not None:
-                    self.auto.observed(False, monotonic() - started, len(times))
+                    self.auto.observed(False, monotonic() - started - self._setup_seconds, len(times))
                 return changes
         started = monotonic()
         changes, evaluations = self._recomputed_changes(times)
@@ -590,7 +610,8 @@ class SnapshotDesired(Desired):
         return sorted({column for pairs in self._join_keys.get(name, {}).values() for column, _ in pairs})
 
     def _change_terms(self, time: int, feeds: SourceFeeds, of: tuple[str, ...] | None = None,
-                      padded: frozenset[str] = frozenset()) -> list[tuple[int, DataFrame]]:
+                      padded: frozenset[str] = frozenset(), rest: DimensionSplit | None = None
+                      ) -> list[tuple[int, DataFrame]]:
         """The query's change at ``time`` as terms ``(diff, result)``: per source whose version
         moves, the query over its inserted rows (+1) and its deleted rows (-1) and the other
         sources, those before it (in the view's order) at the time's versions, those after it
@@ -601,8 +622,11 @@ class SnapshotDesired(Desired):
         A change none of whose rows has a key to join by has no term: its rows join nothing; nor
         has a change with no inserted (or no deleted) rows at ``time`` a term for them. With ``of``,
         only those sources' terms; the sources ``padded`` have none, and are given no rows in the
-        others' (an outer join's kept side padded, :mod:`mvsink.desired.outer_join`)."""
-        names, terms = list(self.read), []
+        others' (an outer join's kept side padded, :mod:`mvsink.desired.outer_join`). With ``rest``,
+        the terms of the join without its dimension (:meth:`~mvsink.desired.dimension.DimensionSplit.rest_rows`),
+        the dimension neither read nor given a term."""
+        names, terms = [n for n in self.read if rest is None or n != rest.dimension], []
+        query = self._query if rest is None else rest.rest_rows
         before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
         for i, name in enumerate(names):
             if before[name] == after[name] or of is not None and name not in of or name in padded or any(
@@ -622,7 +646,7 @@ class SnapshotDesired(Desired):
                 cuts = [(other_column, feeds.ranges[name, column], False)
                         for column, other_column in self._join_keys.get(name, {}).get(other, [])]
                 others[other] = self._source_read(other, (after if j < i else before)[other], cuts, feeds)
-            terms += [(diff, self._query({**others, name: rows})) for diff, rows in self._feed_rows(feeds.rows[name], time)
+            terms += [(diff, query({**others, name: rows})) for diff, rows in self._feed_rows(feeds.rows[name], time)
                       if (time, diff) in feeds.present[name]]
         return terms
 
@@ -714,20 +738,29 @@ class SnapshotDesired(Desired):
         # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
         feeds = self._source_feeds(times)
         group_cuts = self._group_ranges(feeds) if self.per_group is not None else None
+        rest = self._rest if self._rest is not None and self._rest.stepped(self._rest.split.dimension in feeds.rows) else None
+        if rest is not None and rest.time != times[0] - 1:
+            self._hold_rest(times[0] - 1)
         parts, key_moving, size, key_moves, executed, cuts = [], [], 0, False, [], []
         for time in times:
-            terms = (self._change_terms(time, feeds) if group_cuts is None
-                     else self._group_terms(time, feeds, group_cuts))
-            if self.padded:  # the inner join's terms, and the kept side's padded (its own changes)
-                terms = ([(diff, inner_joined(result)) for diff, result in terms]
-                         + self._change_terms(time, feeds, padded=self.padded))
-            if not terms:  # no change at this time joins anything: the groups stay
-                self._state_time = time
-                continue
-            inputs = [(diff, aggregate.aggregate_input(result)) for diff, result in terms]
-            if self.below is not None:
-                inputs = self._moved_below(inputs, feeds.small)
-            changed = reduce(DataFrame.unionByName, [groups.rows_as_state(rows, diff) for diff, rows in inputs])
+            if rest is not None:
+                changed = self._dimension_changes(time, feeds, executed)
+                if changed is None:  # no change at this time joins anything: the groups stay
+                    self._state_time = time
+                    continue
+            else:
+                terms = (self._change_terms(time, feeds) if group_cuts is None
+                         else self._group_terms(time, feeds, group_cuts))
+                if self.padded:  # the inner join's terms, and the kept side's padded (its own changes)
+                    terms = ([(diff, inner_joined(result)) for diff, result in terms]
+                             + self._change_terms(time, feeds, padded=self.padded))
+                if not terms:  # no change at this time joins anything: the groups stay
+                    self._state_time = time
+                    continue
+                inputs = [(diff, aggregate.aggregate_input(result)) for diff, result in terms]
+                if self.below is not None:
+                    inputs = self._moved_below(inputs, feeds.small)
+                changed = reduce(DataFrame.unionByName, [groups.rows_as_state(rows, diff) for diff, rows in inputs])
             one_task = feeds.small and self._state_groups <= ONE_TASK_GROUPS
             combined, (moved, moves, kept, *touched) = held_observing(
                 groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement(feeds.small),
@@ -753,6 +786,43 @@ class SnapshotDesired(Desired):
         ranges = (None if None in cuts else
                   ([r for ranges, _ in cuts for r in ranges], any(nulls for _, nulls in cuts)))
         return Changes(updates, size, times[0], key_moves, touched, touched_ranges=ranges, reads=reads)
+
+    def _hold_rest(self, time: int) -> None:
+        """The rest of the join without its dimension aggregated at ``time``, held
+        (:mod:`mvsink.desired.dimension`): one job over the other sources at its versions. Its
+        seconds are kept in :attr:`_setup_seconds`: ``auto`` weighs a step without them (the
+        rest is held once while the dimension keeps changing, as a view is hydrated once)."""
+        versions, split = self.timeline.versions(time), self._rest.split
+        started = monotonic()
+        self._rest.hold(time, split.rest_rows({name: self._pinned(name, versions[name])
+                                               for name in self.read if name != split.dimension}))
+        self._setup_seconds += monotonic() - started
+        log.info("view %r: the rest of its join held aggregated by %s's keys at time %d (%d groups, %.2f s)",
+                 self.view.view_id, split.dimension, time, self._rest.size, monotonic() - started)
+
+    def _dimension_changes(self, time: int, feeds: SourceFeeds, executed: list[DataFrame]) -> DataFrame | None:
+        """The aggregate's state rows of the join's change at ``time`` from the rest held
+        (:mod:`mvsink.desired.dimension`): the dimension's change joined with the rest before, and
+        the rest's change (its own terms, held) joined with the dimension after; the rest moved
+        to ``time``. None where no change at ``time`` joins anything."""
+        rest = self._rest
+        split, parts = rest.split, []
+        dimension = split.dimension
+        if dimension in feeds.rows:
+            parts += [rest.joined(rest.state, split.side_rows(rows), diff)
+                      for diff, rows in self._feed_rows(feeds.rows[dimension], time)
+                      if (time, diff) in feeds.present[dimension]]
+        terms = self._change_terms(time, feeds, rest=split)
+        if terms:
+            delta, (rows,) = held_observing(
+                reduce(DataFrame.unionByName, [rest.as_state(rows, diff) for diff, rows in terms]),
+                f"{_MOVED}_rest", F.count(F.lit(1)), executed=executed)
+            after = self._pinned(dimension, self.timeline.versions(time)[dimension])
+            parts.append(rest.joined(delta, split.side_rows(after), 1))
+            rest.move(time, delta, rows)
+        else:
+            rest.time = time
+        return reduce(DataFrame.unionByName, parts) if parts else None
 
     def _moved_below(self, inputs: list[tuple[int, DataFrame]], small: bool) -> list[tuple[int, DataFrame]]:
         """The linear aggregate below's output rows that its input's changed rows (``inputs``: its
