@@ -59,13 +59,12 @@ class _NotSplit(Exception):
 
 
 class DimensionSplit:
-    """A linear aggregate's input plan split at its dimension (see the module doc): built from
-    ``plan`` (the optimized plan of the aggregate's core over rows held per source, an
-    ``Aggregate`` over an inner join), ``leaves`` (each held leaf's RDD id -> its source's name)
-    and the aggregate's :class:`~mvsink.desired.linear_aggregate.LinearAggregate` shape.
-
-    :func:`split_at_dimension` builds one, or None. ``owners`` names the source of each leaf
-    attribute (by id), for the equalities in words."""
+    """A linear aggregate's input split at its dimension (see the module doc), as
+    :func:`split_at_dimension` finds it: ``rest``, the aggregate's input plan without the
+    dimension, and ``side``, the dimension's filters and projections, both over rows held per
+    source (``leaves``: each held leaf's RDD id -> its source's name); ``keys``, the equalities
+    ``(dimension's attribute, the other's)``; ``groups``, the dimension's grouping columns;
+    ``owners``, the source of each leaf attribute (by id), to name the equalities in words."""
 
     def __init__(self, like: DataFrame, dimension: str, rest, side, keys: list[tuple], groups: list[str],
                  leaves: dict[int, str], owners: dict[int, str]):

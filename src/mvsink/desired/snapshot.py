@@ -62,9 +62,9 @@ from pyspark.sql import types as T
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.aggregate_top import RowWiseTop, aggregate_groups
-from mvsink.desired.dimension import DimensionSplit, HeldRest, split_at_dimension
 from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small,
                                     held_changes, touched_ranges, unreadable)
+from mvsink.desired.dimension import DimensionSplit, HeldRest, split_at_dimension
 from mvsink.desired.join import (apart_sources, held_names, is_inner_join, is_ranged, join_keys, key_ranges, key_sets,
                                  pruned, reads_each_once)
 from mvsink.desired.key_check import unique_keys
@@ -730,7 +730,8 @@ class SnapshotDesired(Desired):
         groups are small); where distinct groups have distinct rows, the updates are consolidated
         as they are, and the keys whose row count may change are those of the held groups that
         say so (read by the key check, no job of their own). The next step starts from the last
-        state."""
+        state. Where the join has a dimension whose version moves in the step (or moved in the last
+        quiet steps), its changes meet the rest of the join held instead (:meth:`_dimension_changes`)."""
         aggregate, groups = self.aggregate, self._groups
         if self._state_time != times[0] - 1:  # none held for that time (after a recomputed range)
             self._hold_state(times[0] - 1)
@@ -743,24 +744,11 @@ class SnapshotDesired(Desired):
             self._hold_rest(times[0] - 1)
         parts, key_moving, size, key_moves, executed, cuts = [], [], 0, False, [], []
         for time in times:
-            if rest is not None:
-                changed = self._dimension_changes(time, feeds, executed)
-                if changed is None:  # no change at this time joins anything: the groups stay
-                    self._state_time = time
-                    continue
-            else:
-                terms = (self._change_terms(time, feeds) if group_cuts is None
-                         else self._group_terms(time, feeds, group_cuts))
-                if self.padded:  # the inner join's terms, and the kept side's padded (its own changes)
-                    terms = ([(diff, inner_joined(result)) for diff, result in terms]
-                             + self._change_terms(time, feeds, padded=self.padded))
-                if not terms:  # no change at this time joins anything: the groups stay
-                    self._state_time = time
-                    continue
-                inputs = [(diff, aggregate.aggregate_input(result)) for diff, result in terms]
-                if self.below is not None:
-                    inputs = self._moved_below(inputs, feeds.small)
-                changed = reduce(DataFrame.unionByName, [groups.rows_as_state(rows, diff) for diff, rows in inputs])
+            changed = (self._dimension_changes(time, feeds, executed) if rest is not None
+                       else self._term_changes(time, feeds, group_cuts))
+            if changed is None:  # no change at this time joins anything: the groups stay
+                self._state_time = time
+                continue
             one_task = feeds.small and self._state_groups <= ONE_TASK_GROUPS
             combined, (moved, moves, kept, *touched) = held_observing(
                 groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement(feeds.small),
@@ -786,6 +774,23 @@ class SnapshotDesired(Desired):
         ranges = (None if None in cuts else
                   ([r for ranges, _ in cuts for r in ranges], any(nulls for _, nulls in cuts)))
         return Changes(updates, size, times[0], key_moves, touched, touched_ranges=ranges, reads=reads)
+
+    def _term_changes(self, time: int, feeds: SourceFeeds, group_cuts: list | None) -> DataFrame | None:
+        """The aggregate's state rows of its input's change at ``time``: of the terms of
+        :meth:`_change_terms` (an outer join's: the inner join's and the kept side's padded), or
+        with ``group_cuts``, of :meth:`_group_terms`; through the one below's state for a rollup
+        (:meth:`_moved_below`). None where no change at ``time`` joins anything."""
+        terms = (self._change_terms(time, feeds) if group_cuts is None
+                 else self._group_terms(time, feeds, group_cuts))
+        if self.padded:  # the inner join's terms, and the kept side's padded (its own changes)
+            terms = ([(diff, inner_joined(result)) for diff, result in terms]
+                     + self._change_terms(time, feeds, padded=self.padded))
+        if not terms:
+            return None
+        inputs = [(diff, self.aggregate.aggregate_input(result)) for diff, result in terms]
+        if self.below is not None:
+            inputs = self._moved_below(inputs, feeds.small)
+        return reduce(DataFrame.unionByName, [self._groups.rows_as_state(rows, diff) for diff, rows in inputs])
 
     def _hold_rest(self, time: int) -> None:
         """The rest of the join without its dimension aggregated at ``time``, held
