@@ -45,8 +45,10 @@ from mvsink.correction import checkpointed
 from mvsink.desired.aggregate_top import Catalyst
 from mvsink.desired.join import INNER_JOINS
 from mvsink.desired.linear_aggregate import GroupStates
-from mvsink.desired.row_wise import ROW_WISE_NODES, scala_items
+from mvsink.desired.row_wise import HELD_ROWS, conjuncts, plan_is_row_wise, plan_leaves, references, scala_items
 
+#: The column of a dimension's row's sign in :meth:`HeldRest.joined`.
+_SIGN = "_mv_sign"
 #: The fraction of ``R``'s size that the changes held beside it may reach before they are summed into it.
 COMPACTED = 0.25
 #: Steps without a change of the dimension after which ``R`` is dropped (and the join's terms
@@ -130,27 +132,26 @@ def _split(core: DataFrame, plan, rdd_id: int, name: str, leaves: dict[int, str]
         """``node`` without the dimension (None: it is the dimension's subtree), and the
         equalities ``(dimension's attribute, the other's)`` that joined it, below ``node``."""
         kind = node.nodeName()
-        reads = {leaf.rdd().id() for leaf in _leaves(node)}
+        reads = {leaf.rdd().id() for leaf in plan_leaves(node)}
         if rdd_id not in reads:
             return node, []
         if reads == {rdd_id}:
-            if any(n.nodeName() not in ROW_WISE_NODES for n in _nodes_above_leaves(node)):
+            if not plan_is_row_wise(node, HELD_ROWS):
                 raise _NotSplit
             found["side"], found["ids"] = node, _ids(node.output())
             return None, []
         if kind == "Join" and node.joinType().toString() in INNER_JOINS:
             (left, below_left), (right, below_right) = without(node.left()), without(node.right())
             pairs = below_left + below_right
-            conjuncts = _conjuncts(node.condition().get()) if node.condition().isDefined() else []
+            condition = conjuncts(node.condition().get()) if node.condition().isDefined() else []
             if left is not None and right is not None:
-                if any(_references(c) & found["ids"] for c in conjuncts):
+                if any(references(c) & found["ids"] for c in condition):
                     raise _NotSplit
                 return node.withNewChildren(nodes.seq([left, right])), pairs
             other = left if left is not None else right
             kept = []
-            for conjunct in conjuncts:
-                refs = _references(conjunct)
-                if not refs & found["ids"]:
+            for conjunct in condition:
+                if not references(conjunct) & found["ids"]:
                     kept.append(conjunct)
                 elif (conjunct.nodeName() == "EqualTo" and all(side.nodeName() == "AttributeReference"
                                                              for side in (conjunct.left(), conjunct.right()))):
@@ -166,7 +167,7 @@ def _split(core: DataFrame, plan, rdd_id: int, name: str, leaves: dict[int, str]
             return (nodes.logical.Filter(reduce(lambda x, y: nodes.and_(x, y), kept), other) if kept else other), pairs
         if kind == "Filter":
             child, pairs = without(node.child())
-            if child is None or _references(node.condition()) & found["ids"]:
+            if child is None or references(node.condition()) & found["ids"]:
                 raise _NotSplit
             return node.withNewChildren(nodes.seq([child])), pairs
         if kind == "Project":
@@ -177,7 +178,7 @@ def _split(core: DataFrame, plan, rdd_id: int, name: str, leaves: dict[int, str]
             for expression in scala_items(node.projectList()):
                 if expression.nodeName() == "AttributeReference" and expression.exprId().id() in found["ids"]:
                     continue
-                if _references(expression) & found["ids"]:
+                if references(expression) & found["ids"]:
                     raise _NotSplit
                 kept.append(expression)
             present = {e.exprId().id() for e in kept}
@@ -187,41 +188,21 @@ def _split(core: DataFrame, plan, rdd_id: int, name: str, leaves: dict[int, str]
         raise _NotSplit
 
     rest, pairs = without(plan.child())
-    if rest is None or not pairs or any(a is not None and _references(a) & found["ids"] for a in arguments):
+    if rest is None or not pairs or any(a is not None and references(a) & found["ids"] for a in arguments):
         raise _NotSplit
-    side_ids = found["ids"]
-    groups = [g.name() for g in scala_items(plan.groupingExpressions()) if g.exprId().id() in side_ids]
-    outputs = [a for a in scala_items(rest.output()) if a.exprId().id() not in side_ids]
-    named = [*outputs, *(nodes.alias(f, f"_mv_k{j}", nodes.new_expr_id()) for j, (_, f) in enumerate(pairs)),
+    groups = [g.name() for g in scala_items(plan.groupingExpressions()) if g.exprId().id() in found["ids"]]
+    named = [*scala_items(rest.output()), *(nodes.alias(f, f"_mv_k{j}", nodes.new_expr_id()) for j, (_, f) in enumerate(pairs)),
              *(nodes.alias(a, c, nodes.new_expr_id()) for a, c in zip(arguments, computed) if c is not None)]
     condition = reduce(lambda x, y: nodes.and_(x, y), [nodes.is_not_null(f) for _, f in pairs])
     rest = nodes.logical.Project(nodes.seq(named), nodes.logical.Filter(condition, rest))
-    owners = {a.exprId().id(): leaves.get(leaf.rdd().id()) for leaf in _leaves(plan) for a in scala_items(leaf.output())}
+    owners = {a.exprId().id(): leaves.get(leaf.rdd().id()) for leaf in plan_leaves(plan)
+              for a in scala_items(leaf.output())}
     return DimensionSplit(core, name, rest, found["side"], pairs, groups, leaves, owners)
-
-
-def _leaves(plan) -> list:
-    children = scala_items(plan.children())
-    return [plan] if not children else [leaf for child in children for leaf in _leaves(child)]
-
-
-def _nodes_above_leaves(plan) -> list:
-    children = scala_items(plan.children())
-    return [] if not children else [plan, *(n for child in children for n in _nodes_above_leaves(child))]
 
 
 def _ids(attributes) -> set[int]:
     return {a.exprId().id() for a in scala_items(attributes)}
 
-
-def _references(expression) -> set[int]:
-    return {a.exprId().id() for a in scala_items(expression.references().toSeq())}
-
-
-def _conjuncts(expression) -> list:
-    if expression.nodeName() == "And":
-        return _conjuncts(expression.left()) + _conjuncts(expression.right())
-    return [expression]
 
 
 class HeldRest:
@@ -229,10 +210,10 @@ class HeldRest:
     :class:`~mvsink.desired.linear_aggregate.GroupStates`) of the rest of the join, held at
     :attr:`time`, and how the dimension's and the rest's changes meet it."""
 
-    def __init__(self, split: DimensionSplit, states: GroupStates, groups: tuple[str, ...]):
+    def __init__(self, split: DimensionSplit, states: GroupStates):
         self.split, self._states = split, states
         self._keys = tuple(k for _, k in split.keys)
-        names = states.group_names
+        names, groups = states.group_names, states.aggregate.groups
         #: The dimension's grouping columns: their state columns and their names in its rows.
         self._dimension_groups = {names[groups.index(g)]: g for g in split.groups}
         self._null_groups = [F.lit(None).cast(split.group_types[g]).alias(g) for g in split.groups]
@@ -262,18 +243,21 @@ class HeldRest:
             self.state, self.size = checkpointed(self._summed(self.state))
             self._beside = 0
 
-    def joined(self, states: DataFrame, side: DataFrame, sign: int) -> DataFrame:
-        """The view's state rows of ``side`` (the dimension's rows, :meth:`DimensionSplit.side_rows`)
-        joined with ``states`` (``R``'s rows) by the keys, at ``sign``: each pair's counts and sums,
-        negated if ``sign`` is -1, in the dimension's groups."""
+    def joined(self, states: DataFrame, sides: list[tuple[DataFrame, int]]) -> DataFrame:
+        """The view's state rows of ``states`` (``R``'s rows) joined by the keys with the rows of
+        ``sides`` (the dimension's rows, :meth:`DimensionSplit.side_rows`, each part at its sign),
+        in one join: each pair's counts and sums, negated where the side's sign is -1, in the
+        dimension's groups."""
+        side = reduce(DataFrame.unionByName, [rows.withColumn(_SIGN, F.lit(sign)) for rows, sign in sides])
         condition = reduce(lambda a, b: a & b, [states[k] == side[d] for d, k in self.split.keys])
         joined = states.join(side, condition)
+        negated = side[_SIGN] < 0
         columns = []
         for name in self._columns:
             if name in self._dimension_groups:
                 columns.append(side[self._dimension_groups[name]].alias(name))
-            elif name in self._states.value_names and sign < 0:
-                columns.append((-states[name]).alias(name))
+            elif name in self._states.value_names:  # negated as it is: its type stays
+                columns.append(F.when(negated, -states[name]).otherwise(states[name]).alias(name))
             else:
                 columns.append(states[name].alias(name))
         return joined.select(*columns)

@@ -35,7 +35,7 @@ from pyspark.sql import DataFrame
 
 from mvsink.desired.aggregate_top import Catalyst
 from mvsink.desired.join import INNER_JOINS, linear_leaves
-from mvsink.desired.row_wise import scala_items
+from mvsink.desired.row_wise import plan_leaves, references, scala_items
 
 #: Outer join types taken, and the side (0: left, 1: right) each pads with nulls.
 _PADDED_SIDE = {"LeftOuter": 1, "RightOuter": 0}
@@ -64,19 +64,19 @@ def padded_leaves(aggregate, arguments: list, scan: str, sources: int) -> list |
         if name == "Project":
             for named in scala_items(node.projectList()):
                 if named.nodeName() == "Alias":
-                    if _references(named.child()) & tainted:
+                    if references(named.child()) & tainted:
                         tainted.add(named.exprId().id())
                     if _null_where_padded(named.child(), strict):
                         strict.add(named.exprId().id())
-        elif name == "Filter" and _references(node.condition()) & tainted:
+        elif name == "Filter" and references(node.condition()) & tainted:
             return None
-        elif name == "Join" and node.condition().isDefined() and _references(node.condition().get()) & tainted:
+        elif name == "Join" and node.condition().isDefined() and references(node.condition().get()) & tainted:
             return None
-    if any(_references(g) & tainted for g in scala_items(aggregate.groupingExpressions())):
+    if any(references(g) & tainted for g in scala_items(aggregate.groupingExpressions())):
         return None
     if not all(argument is None or _null_where_padded(argument, strict) for argument in arguments):
         return None
-    return _leaves_of(padded)
+    return plan_leaves(padded)
 
 
 def inner_joined(result: DataFrame) -> DataFrame:
@@ -106,17 +106,6 @@ def _path_to_outer_join(plan) -> list | None:
 
     walk(plan, [])
     return found[0] if len(found) == 1 else None
-
-
-def _leaves_of(plan) -> list:
-    """The leaves under ``plan``."""
-    children = scala_items(plan.children())
-    return [plan] if not children else [leaf for child in children for leaf in _leaves_of(child)]
-
-
-def _references(expression) -> set[int]:
-    """The ids of the attributes ``expression`` reads."""
-    return {a.exprId().id() for a in scala_items(expression.references().toSeq())}
 
 
 def _null_where_padded(expression, padded: set[int]) -> bool:

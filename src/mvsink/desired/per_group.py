@@ -77,7 +77,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from mvsink.desired.aggregate_top import Catalyst
-from mvsink.desired.row_wise import ROW_WISE_NODES, leaf_columns, plan_is_row_wise, scala_items, under_row_wise
+from mvsink.desired.row_wise import (ROW_WISE_NODES, conjuncts, leaf_columns, plan_is_row_wise, scala_items,
+                                     under_row_wise)
 
 #: Aggregate functions (Catalyst's names) whose result does not depend on the order of the rows.
 ORDER_FREE = frozenset({"Min", "Max", "Count", "Percentile", "HyperLogLogPlusPlus"})
@@ -203,7 +204,7 @@ class _KeyJoin:
                 return False
             condition = node.condition()
             pairs = []
-            for expression in _conjuncts(condition.get()) if condition.isDefined() else []:
+            for expression in conjuncts(condition.get()) if condition.isDefined() else []:
                 pair = self._equality(node, expression)
                 if pair is not None:
                     pairs.append(pair)
@@ -340,13 +341,6 @@ class _KeyJoin:
         grouped = [self._trace(aggregate.child(), g.exprId().id()) for g in scala_items(aggregate.groupingExpressions())
                    if g.nodeName() == "AttributeReference"]
         return all(any(g is not None and g[0] in self.kept and key[g[0]] == g[1] for g in grouped) for key in keys)
-
-
-def _conjuncts(expression) -> list:
-    """The conjuncts of a condition (``a AND b AND ...``)."""
-    if expression.nodeName() == "And":
-        return _conjuncts(expression.left()) + _conjuncts(expression.right())
-    return [expression]
 
 
 def _functions(expression) -> list:

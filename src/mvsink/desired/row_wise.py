@@ -84,6 +84,24 @@ def scala_items(seq) -> list:
     return [seq.apply(i) for i in range(seq.size())]
 
 
+def plan_leaves(plan) -> list:
+    """The leaves under the logical ``plan``."""
+    children = scala_items(plan.children())
+    return [plan] if not children else [leaf for child in children for leaf in plan_leaves(child)]
+
+
+def references(expression) -> set[int]:
+    """The ids of the attributes ``expression`` (Catalyst's) reads."""
+    return {a.exprId().id() for a in scala_items(expression.references().toSeq())}
+
+
+def conjuncts(expression) -> list:
+    """The conjuncts of a condition (``a AND b AND ...``)."""
+    if expression.nodeName() == "And":
+        return conjuncts(expression.left()) + conjuncts(expression.right())
+    return [expression]
+
+
 def plan_reads_subqueries(result: DataFrame, plan) -> bool:
     """Whether some expression of the logical ``plan`` (of ``result``) holds a plan: a subquery."""
     return plan.containsPattern(_plan_expression_pattern(result))

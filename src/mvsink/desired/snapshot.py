@@ -249,7 +249,7 @@ class SnapshotDesired(Desired):
                 and len(self.read) > 1 and not any(self._apart.values())):
             split = split_at_dimension(over_held, held_names(read_held), aggregate_arguments(over_held),
                                        [o.column if o.expression is not None else None for o in self.aggregate.outputs])
-            self._rest = HeldRest(split, self._groups, self.aggregate.groups) if split is not None else None
+            self._rest = HeldRest(split, self._groups) if split is not None else None
         log.info("view %r: %s", view.view_id, self.strategy_description())
 
     def strategy_description(self) -> str:
@@ -814,16 +814,16 @@ class SnapshotDesired(Desired):
         split, parts = rest.split, []
         dimension = split.dimension
         if dimension in feeds.rows:
-            parts += [rest.joined(rest.state, split.side_rows(rows), diff)
-                      for diff, rows in self._feed_rows(feeds.rows[dimension], time)
-                      if (time, diff) in feeds.present[dimension]]
+            changed = [(split.side_rows(rows), diff) for diff, rows in self._feed_rows(feeds.rows[dimension], time)
+                       if (time, diff) in feeds.present[dimension]]
+            parts += [rest.joined(rest.state, changed)] if changed else []
         terms = self._change_terms(time, feeds, rest=split)
         if terms:
             delta, (rows,) = held_observing(
                 reduce(DataFrame.unionByName, [rest.as_state(rows, diff) for diff, rows in terms]),
                 f"{_MOVED}_rest", F.count(F.lit(1)), executed=executed)
             after = self._pinned(dimension, self.timeline.versions(time)[dimension])
-            parts.append(rest.joined(delta, split.side_rows(after), 1))
+            parts.append(rest.joined(delta, [(split.side_rows(after), 1)]))
             rest.move(time, delta, rows)
         else:
             rest.time = time
