@@ -785,18 +785,18 @@ def foreign_append_before_commit(monkeypatch, target: str, rows) -> list[int]:
     return landed
 
 
-def edit_orders(spark, src: str, rng, next_id: list[int], customers: int = 5) -> None:
+def edit_orders(spark, src: str, rng, next_id: list[int], customers: int = 5, key=int) -> None:
     """One commit to orders ``(id, cust, amount)`` of ``customers`` customers (and null): duplicate
     rows, null join keys, rows moving to another customer, deletes, and a row deleted and inserted
-    again in one commit."""
+    again in one commit. A customer ``k``'s key is ``key(k)`` (an integer, or a string)."""
     kind = rng.choice(["insert", "move", "delete", "reinsert"])
     if kind == "insert":
-        rows = [(next_id[0] + i, rng.choice([*range(1, customers), None]), rng.randint(0, 5))
+        rows = [(next_id[0] + i, rng.choice([*map(key, range(1, customers)), None]), rng.randint(0, 5))
                 for i in range(rng.randint(1, 4))]
         next_id[0] += len(rows)
         insert(spark, src, rows + rows[:1])  # a duplicate
     elif kind == "move":
-        spark.sql(f"UPDATE delta.`{src}` SET cust = {rng.randint(1, customers)} "
+        spark.sql(f"UPDATE delta.`{src}` SET cust = {key(rng.randint(1, customers))!r} "
                   f"WHERE pmod(id, 4) = {rng.randint(0, 3)}")
     elif kind == "delete":
         spark.sql(f"DELETE FROM delta.`{src}` WHERE pmod(id, 5) = {rng.randint(0, 4)}")
@@ -805,16 +805,17 @@ def edit_orders(spark, src: str, rng, next_id: list[int], customers: int = 5) ->
         spark.sql(f"INSERT INTO delta.`{src}` REPLACE WHERE id = {id_} SELECT * FROM delta.`{src}` WHERE id = {id_}")
 
 
-def edit_customers(spark, src: str, rng, customers: int = 5) -> None:
+def edit_customers(spark, src: str, rng, customers: int = 5, key=int) -> None:
     """One commit to customers ``(cust, segment)`` (keys up to ``customers``, and null): customers
-    changing segment, duplicated, deleted, null keys, appearing."""
+    changing segment, duplicated, deleted, null keys, appearing. Keys as :func:`edit_orders`'."""
     kind = rng.choice(["segment", "delete", "insert"])
     if kind == "segment":
-        spark.sql(f"UPDATE delta.`{src}` SET segment = '{rng.choice('xyz')}' WHERE cust = {rng.randint(1, customers)}")
+        spark.sql(f"UPDATE delta.`{src}` SET segment = '{rng.choice('xyz')}' "
+                  f"WHERE cust = {key(rng.randint(1, customers))!r}")
     elif kind == "delete":
-        spark.sql(f"DELETE FROM delta.`{src}` WHERE cust = {rng.randint(1, customers)}")
+        spark.sql(f"DELETE FROM delta.`{src}` WHERE cust = {key(rng.randint(1, customers))!r}")
     else:
-        insert(spark, src, [(rng.choice([*range(1, customers + 1), None]), rng.choice("xyz"))])
+        insert(spark, src, [(rng.choice([*map(key, range(1, customers + 1)), None]), rng.choice("xyz"))])
 
 
 def through_random_rounds(spark, tmp_path, sources: dict[str, str], sql: str, edit: Callable[[], None],

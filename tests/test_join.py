@@ -141,19 +141,25 @@ def test_the_refresh_policy_and_the_strategy_each_step_reports(spark, tmp_path):
         assert strategy in {each.step().strategy for _ in range(4)}
 
 
-def test_the_other_side_is_read_only_where_the_change_can_join_it(spark, tmp_path):
-    """Customers laid out in 8 files by key: a change of orders for a few customers reads the
-    files holding them, not the others (the step's report says so), a change with only null keys
-    reads none; over random commits to both sides (duplicates, null keys, rows moving to another
-    customer, deletes on both sides in one time) the pruned view equals the query evaluated in
-    full at every time."""
+@pytest.mark.parametrize("key, orders_schema, customers_schema", [
+    (int, ORDERS, CUSTOMERS),
+    ("c{:03d}".format, "id BIGINT, cust STRING, amount INT", "cust STRING, segment STRING"),
+], ids=["integer-keys", "string-keys"])
+def test_the_other_side_is_read_only_where_the_change_can_join_it(spark, tmp_path, key, orders_schema,
+                                                                   customers_schema):
+    """Customers laid out in 8 files by key (integers, or strings): a change of orders for a few
+    customers reads the files holding them, not the others (the step's report says so), a change
+    with only null keys reads none; over random commits to both sides (duplicates, null keys, rows
+    moving to another customer, deletes on both sides in one time) the pruned view equals the
+    query evaluated in full at every time."""
     rng = random.Random(25)
     orders, customers = str(tmp_path / "orders"), str(tmp_path / "customers")
-    create_source(spark, orders, [(i, rng.choice([1, 2, 3, None]), rng.randint(0, 5)) for i in range(20)], ORDERS)
-    create_source(spark, customers, schema=CUSTOMERS)
-    rows = [(c, "xyz"[c % 3]) for c in range(1, 81)] + [(2, "y"), (None, "x")]
-    (spark.createDataFrame(rows, CUSTOMERS).repartitionByRange(8, "cust").write.format("delta").mode("append")
-     .save(customers))
+    create_source(spark, orders, [(i, rng.choice([key(1), key(2), key(3), None]), rng.randint(0, 5))
+                                  for i in range(20)], orders_schema)
+    create_source(spark, customers, schema=customers_schema)
+    rows = [(key(c), "xyz"[c % 3]) for c in range(1, 81)] + [(key(2), "y"), (None, "x")]
+    (spark.createDataFrame(rows, customers_schema).repartitionByRange(8, "cust").write.format("delta")
+     .mode("append").save(customers))
     sources = {"orders": orders, "customers": customers}
 
     def view(name: str) -> MaterializedView:
@@ -171,14 +177,15 @@ def test_the_other_side_is_read_only_where_the_change_can_join_it(spark, tmp_pat
         reports = [pruned.step() for _ in range(3)]
         return [(r.files, r.total_files) for report in reports for r in report.reads if r.table == "customers"]
 
-    reads = reads_of_customers([(200, 78, 9), (201, 79, 9), (202, 78, 9)])  # one scan per term
+    reads = reads_of_customers([(200, key(78), 9), (201, key(79), 9), (202, key(78), 9)])  # one scan per term
     assert reads and all(files == 1 and total == 8 for files, total in reads), reads  # 78, 79: the last file
+    assert any(name == "customers" for name, _ in pruned.desired._add_actions), "listed by delta-rs, not by Delta"
     assert reads_of_customers([(203, None, 9)]) == [], "a change with only null keys joins nothing"
     next_id = [300]
     for _ in range(5):
         for _ in range(rng.randint(1, 3)):
-            edit_orders(spark, orders, rng, next_id)
-            edit_customers(spark, customers, rng)
+            edit_orders(spark, orders, rng, next_id, key=key)
+            edit_customers(spark, customers, rng, key=key)
         pruned.run_until_caught_up()
     assert pruned.observed_upper >= 7
     target = str(tmp_path / "pruned")
@@ -239,7 +246,7 @@ def test_a_changes_key_ranges_prune_the_other_side_exactly_whatever_the_keys_typ
             # every row of the other side with one of the change's keys, and (ranges cover gaps
             # of at most one) none far from them
             assert {r[column] for r in kept} >= wanted & {r[column] for r in other.collect()}, column
-            assert len(kept) < other.count() or column == "s", (column, ranges[column])
+            assert len(kept) < other.count(), (column, ranges[column])
     assert pruned(other, "s", [("a'b3", "a'b3")]).collect() == [], "no row has that key"
     assert [r.i for r in pruned(other, "s", [("c\\'d1", "c\\'d1")]).collect()] == [1]
     assert pruned(other, "s", []).count() == 0

@@ -45,7 +45,8 @@ def test_the_files_whose_statistics_can_hold_a_key_are_read_with_the_rows_delta_
         ([("id", [], True)], 1),                                                   # nulls alone: the 5th
         ([("id", [(0, 99)], False), ("day", [(datetime.date(2024, 1, 1),) * 2], False)], 1),  # both: the 1st
         ([("price", [(Decimal("20.00"), Decimal("20.25"))], False)], 1),           # ids 80, 81: the 4th
-        ([("name", [("n1", "n1")], False)], 5),                                    # strings: not pruned
+        ([("name", [("n1", "n1")], False)], 5),                                    # every file has n0-n2
+        ([("name", [("n5", "n9")], False)], 0),                                    # strings past them all
         ([], 5),                                                                   # no ranges: every file
     ]
     for cuts, files in cases:
@@ -55,6 +56,28 @@ def test_the_files_whose_statistics_can_hold_a_key_are_read_with_the_rows_delta_
         for column, ranges, nulls in cuts:
             listed, through_delta = pruned(listed, column, ranges, nulls), pruned(through_delta, column, ranges, nulls)
         assert sorted(listed.collect(), key=str) == sorted(through_delta.collect(), key=str), cuts
+
+
+def test_a_string_statistic_prunes_only_where_it_is_plainly_a_value(spark, tmp_path):
+    """Three files by a string key: short keys; keys longer than the prefix Delta keeps of a
+    statistic (its maximum cut, a character after the prefix); keys with a character beyond the
+    basic plane. The short keys' file is pruned by both bounds, the long keys' by its minimum
+    alone, the third never; the rows read are the rows Delta reads."""
+    path, schema, long = str(tmp_path / "t"), "k STRING, v INT", "m" * 40
+    for rows in ([("b1", 1), ("b2", 2)], [(long + "a", 3), (long + "z", 4)], [("q\U0001F600", 5), ("q\U0001F601", 6)]):
+        spark.createDataFrame(rows, schema).coalesce(1).write.format("delta").mode("append").save(path)
+    actions = add_actions(path, 2)
+    assert actions is not None and actions.num_rows == 3
+    delta = spark.read.format("delta").option("versionAsOf", 2).load(path)
+    for ranges, files in [([("b1", "b1")], 2),             # the short keys' and the third
+                          ([("zz", "zz")], 2),             # above b2: the long keys' (cut maximum), the third
+                          ([("a", "a")], 1),               # below both minimums: the third
+                          ([(long + "q", long + "q")], 2),  # in the long keys' file's bounds: it and the third
+                          ([("b2", long + "b")], 3)]:
+        uris = files_in_ranges(path, actions, delta.schema, [("k", ranges, False)])
+        assert len(uris) == files, (ranges, uris)
+        listed = pruned(read_files(spark, uris, delta.schema), "k", ranges)
+        assert sorted(listed.collect()) == sorted(pruned(delta, "k", ranges).collect()), ranges
 
 
 def test_a_file_without_statistics_is_kept(spark, tmp_path):

@@ -673,7 +673,7 @@ class SnapshotDesired(Desired):
         if key not in feeds.listed:
             feeds.listed[key] = None
             schema = self._pinned(name, version).schema
-            # a string column's ranges Delta prunes (by prefix), the listing does not: read through Delta
+            # a column the listing does not prune by (a float, a collated string): read through Delta
             listable = readable(schema) and all(prunes(schema[column].dataType) for column, _, _ in cuts)
             if listable and (name, version) not in self._add_actions:
                 self._add_actions[name, version] = add_actions(self.sources[name], version)
