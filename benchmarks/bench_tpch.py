@@ -56,11 +56,15 @@ table up to date:
 At the end the three targets and the query are compared through an order-independent hash, so no
 contender is timed doing the wrong thing.
 
+With ``--string-keys``, the order and customer keys (``o_orderkey``, ``l_orderkey``, ``o_custkey``,
+``c_custkey``) are loaded as strings of 12 digits, zero-padded (their order is the numbers'), as
+tables keyed by identifiers rather than numbers are: the joins and the view's key are on strings.
+
 With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
 Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3left|q3seg|q1|q5|q6|q10|q13|q13dist|q14|lines|custorders]
-[--scale 1] [--rounds 5] [--changed-orders N] [--moved-customers 0.001] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
+[--scale 1] [--rounds 5] [--changed-orders N] [--moved-customers 0.001] [--string-keys] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
 from __future__ import annotations
@@ -182,6 +186,16 @@ TABLES = {"customer": ("c_custkey", 2), "orders": ("o_orderkey", 16), "lineitem"
           "part": ("p_partkey", 2)}
 
 
+#: The keys ``--string-keys`` loads as strings.
+STRING_KEYS = ("o_orderkey", "l_orderkey", "o_custkey", "c_custkey")
+
+
+def as_key_string(number):
+    """A key column as ``--string-keys`` has it: 12 digits, zero-padded (ordered as the numbers)."""
+    from pyspark.sql import functions as F
+    return F.lpad(number.cast("string"), 12, "0")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--query", choices=sorted(QUERIES), default="q3", help="the view (default q3)")
@@ -200,6 +214,8 @@ def main() -> int:
     parser.add_argument("--also-full", action="store_true",
                         help="also keep the view with refresh full, timed in the same rounds: where full "
                              "evaluation becomes cheaper than the sources' changes")
+    parser.add_argument("--string-keys", action="store_true",
+                        help="load the order and customer keys as zero-padded strings (joins and the key on strings)")
     parser.add_argument("--spark-work", action="store_true",
                         help="print where each mvsink round's time went in Spark (from Spark's event log)")
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
@@ -224,28 +240,35 @@ def refresh(spark, sources: dict[str, str], round_: int, new_orders: int, delete
     theirs. Only the loaded ones of orders and lineitem are changed (their order keys from
     orders, else from lineitem). With ``moved_customers``, that fraction of the customers (spread
     over the key space), if loaded, move to the next market segment, in one commit. Returns the
-    largest order key deleted."""
+    largest order key deleted (a string with ``--string-keys``)."""
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
 
     tables = {name: spark.read.format("delta").load(sources[name])
               for name in ("orders", "lineitem") if name in sources}
     keys = (tables["orders"].select("o_orderkey") if "orders" in tables
             else tables["lineitem"].select(F.col("l_orderkey").alias("o_orderkey")).distinct())
+    strings = isinstance(keys.schema["o_orderkey"].dataType, T.StringType)  # --string-keys
+
+    def moved(column: str):  # a key plus the largest, in the key's type
+        moved = F.col(column).cast("long") + F.lit(int(top))
+        return as_key_string(moved) if strings else moved
+
     top = keys.agg(F.max("o_orderkey")).first()[0]
     picked = keys.where(F.pmod(F.xxhash64("o_orderkey", F.lit(round_)), F.lit(max(1, orders_count // new_orders))) == 0)
     picked = picked.limit(new_orders).localCheckpoint()
     if "orders" in tables:
-        (tables["orders"].join(picked, "o_orderkey", "left_semi").withColumn("o_orderkey", F.col("o_orderkey") + top)
+        (tables["orders"].join(picked, "o_orderkey", "left_semi").withColumn("o_orderkey", moved("o_orderkey"))
          .write.format("delta").mode("append").save(sources["orders"]))
     if "lineitem" in tables:
         lineitem = tables["lineitem"]
         (lineitem.join(picked.select(F.col("o_orderkey").alias("l_orderkey")), "l_orderkey", "left_semi")
-         .withColumn("l_orderkey", F.col("l_orderkey") + top).select(*lineitem.columns)
+         .withColumn("l_orderkey", moved("l_orderkey")).select(*lineitem.columns)
          .write.format("delta").mode("append").save(sources["lineitem"]))
     oldest = keys.orderBy("o_orderkey").limit(deleted_orders).agg(F.max("o_orderkey")).first()[0]
     for name, column in (("orders", "o_orderkey"), ("lineitem", "l_orderkey")):
         if name in tables:
-            spark.sql(f"DELETE FROM delta.`{sources[name]}` WHERE {column} <= {oldest}")
+            spark.sql(f"DELETE FROM delta.`{sources[name]}` WHERE {column} <= {oldest!r}")
     if moved_customers and "customer" in sources:
         segments = ["AUTOMOBILE", "BUILDING", "FURNITURE", "HOUSEHOLD", "MACHINERY"]
         following = " ".join(f"WHEN '{a}' THEN '{b}'" for a, b in zip(segments, segments[1:] + segments[:1]))
@@ -256,6 +279,7 @@ def refresh(spark, sources: dict[str, str], round_: int, new_orders: int, delete
 
 def run(args, workdir: str) -> int:
     from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
 
     from mvsink import MaterializedView, SnapshotInput, ViewDefinition
     from mvsink.target.read import read_view
@@ -275,6 +299,8 @@ def run(args, workdir: str) -> int:
     for name in tables:
         column, files = TABLES[name]
         rows = spark.read.parquet(os.path.join(raw, f"{name}.parquet"))
+        if args.string_keys:
+            rows = rows.select(*(as_key_string(F.col(c)).alias(c) if c in STRING_KEYS else c for c in rows.columns))
         (rows.repartitionByRange(max(1, int(files * args.scale)), column).sortWithinPartitions(column)
          .write.format("delta").option("delta.enableChangeDataFeed", "true")
          .option("delta.enableDeletionVectors", "false").save(sources[name]))
@@ -355,7 +381,7 @@ def run(args, workdir: str) -> int:
             started = time.monotonic()
             contender()
             times[name].append(time.monotonic() - started)
-        print(f"round {round_}: +{new_orders:,} orders, -{deleted_orders:,} orders (keys <= {oldest:,}); "
+        print(f"round {round_}: +{new_orders:,} orders, -{deleted_orders:,} orders (keys <= {oldest if isinstance(oldest, str) else f'{oldest:,}'}); "
               + ", ".join(f"{n} {t[-1]:.2f}s" for n, t in times.items())
               + f"\n  mvsink by {', '.join(r.strategy or '-' for r in reports)} ({len(reports)} steps): {phases}"
               + f"\n  mvsink read: {reads or 'no Delta scan'}", flush=True)
@@ -370,7 +396,8 @@ def run(args, workdir: str) -> int:
     print(f"machine: {machine()}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
     print(f"workload: scale {args.scale}, view {view_rows:,} rows, {args.rounds} rounds of +{new_orders:,} "
           f"orders and -{deleted_orders:,} orders with their lineitems"
-          f"{f', {args.moved_customers:.2%} of customers moved segment' if args.moved_customers else ''}; "
+          f"{f', {args.moved_customers:.2%} of customers moved segment' if args.moved_customers else ''}"
+          f"{'; order and customer keys as strings' if args.string_keys else ''}; "
           f"mvsink strategy: {', '.join(sorted(strategies))}")
     for name, values in times.items():
         print(f"{name:13} p50 {percentile(values, 0.5):6.2f}s  p90 {percentile(values, 0.9):6.2f}s  "

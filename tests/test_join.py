@@ -228,7 +228,11 @@ def test_a_changes_key_ranges_prune_the_other_side_exactly_whatever_the_keys_typ
     import datetime
     from decimal import Decimal
 
-    from mvsink.desired.join import key_ranges, key_sets, pruned
+    import json
+
+    from pyspark.sql.types import StringType
+
+    from mvsink.desired.join import key_ranges, key_sets, pruned, ranges_of
 
     texts = ["a'b", "c\\'d", "x\\", "plain", "zz"]
     rows = [(i, texts[i % 5] + str(i), datetime.date(2020, 1, 1) + datetime.timedelta(days=7 * i),
@@ -247,6 +251,11 @@ def test_a_changes_key_ranges_prune_the_other_side_exactly_whatever_the_keys_typ
             # of at most one) none far from them
             assert {r[column] for r in kept} >= wanted & {r[column] for r in other.collect()}, column
             assert len(kept) < other.count(), (column, ranges[column])
+    # strings are cut where they share the fewest characters: deleted keys at the bottom, new ones
+    # far above, zero-padded, never in one range
+    keys = [f"{k:012d}" for k in [*range(1, 1501), *range(6_000_001, 6_003_000, 2)]]
+    ranges = ranges_of(json.dumps(keys), StringType())
+    assert len(ranges) == 16 and not any(a <= "000000001500" and "000006000001" <= b for a, b in ranges), ranges
     assert pruned(other, "s", [("a'b3", "a'b3")]).collect() == [], "no row has that key"
     assert [r.i for r in pruned(other, "s", [("c\\'d1", "c\\'d1")]).collect()] == [1]
     assert pruned(other, "s", []).count() == 0

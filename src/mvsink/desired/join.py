@@ -36,8 +36,8 @@ equi-join's keys are), that source is read where ``b`` lies in a few ranges cove
 or partition values lie outside. This is exact: every row of a term satisfies every equality, so
 its row of the other side has ``b`` equal to some ``a`` of the change, never null (a null never
 equals). Delta's data skipping of ``b IN (...)`` uses only the list's least and greatest value, so
-ranges, cut at the widest gaps between the change's keys (strings, which have no width between them:
-into runs of as many keys each), are what prune: keys clustered in a few
+ranges, cut at the widest gaps between the change's keys (between strings: the fewest characters
+shared before they differ), are what prune: keys clustered in a few
 places (new orders at the top, old ones deleted at the bottom) read a few files, keys spread
 everywhere read every file, as the whole scan would. A linear aggregate over such a join
 (:mod:`mvsink.desired.linear_aggregate`) moves its groups by the same terms. A source read twice (a
@@ -226,7 +226,7 @@ def key_sets(columns: list[str]) -> list:
 def key_ranges(change: DataFrame, columns: list[str], sets: list | None = None) -> dict[str, list[tuple]]:
     """For each of ``columns``: closed ranges ``(least, greatest)`` covering every non-null value
     of it in ``change`` (at most :data:`MOST_RANGES`, cut at the widest gaps between its distinct
-    values, strings into runs of as many values each; one range where they are more than
+    values (strings': :func:`_string_gap`); one range where they are more than
     :data:`MOST_KEYS`; none where there is none). Cut from ``sets`` (of :func:`key_sets`, a small change's distinct values
     observed by the job that holds it) where given; otherwise collected by one bounded job per
     column (and one more for a column with more values)."""
@@ -265,16 +265,25 @@ def _cut(values: list) -> list[tuple]:
     """Ranges covering the sorted distinct ``values``, cut at the widest gaps (see :func:`key_ranges`)."""
     if not values:
         return []
-    if isinstance(values[0], str):  # no width to a gap between strings: runs of as many values each
-        size = -(-len(values) // MOST_RANGES)
-        return [(values[start], values[min(start + size, len(values)) - 1]) for start in range(0, len(values), size)]
-    if not isinstance(values[0], (int, Decimal, datetime.date)):
+    if isinstance(values[0], str):
+        gaps = sorted(range(1, len(values)), key=lambda i: _string_gap(values[i - 1], values[i]), reverse=True)
+        cuts = sorted(gaps[:MOST_RANGES - 1])
+    elif isinstance(values[0], (int, Decimal, datetime.date)):
+        number = (lambda v: v.toordinal()) if isinstance(values[0], datetime.date) else (lambda v: v)
+        gaps = sorted(range(1, len(values)), key=lambda i: number(values[i]) - number(values[i - 1]), reverse=True)
+        cuts = sorted(i for i in gaps[:MOST_RANGES - 1] if number(values[i]) - number(values[i - 1]) > 1)
+    else:
         return [(values[0], values[-1])]
-    number = (lambda v: v.toordinal()) if isinstance(values[0], datetime.date) else (lambda v: v)
-    gaps = sorted(range(1, len(values)), key=lambda i: number(values[i]) - number(values[i - 1]), reverse=True)
-    cuts = sorted(i for i in gaps[:MOST_RANGES - 1] if number(values[i]) - number(values[i - 1]) > 1)
     starts = [0, *cuts]
     return [(values[start], values[end - 1]) for start, end in zip(starts, [*cuts, len(values)])]
+
+
+def _string_gap(low: str, high: str) -> tuple[int, int]:
+    """How wide the gap from ``low`` to the next string ``high`` is, as far as their characters
+    tell: the fewer characters they share before they differ, the wider; then the further apart
+    the first characters that differ (none where ``low`` is a prefix of ``high``)."""
+    common = next((k for k, (a, b) in enumerate(zip(low, high)) if a != b), min(len(low), len(high)))
+    return -common, ord(high[common]) - ord(low[common]) if common < min(len(low), len(high)) else 0
 
 
 def pruned(rows: DataFrame, column: str, ranges: list[tuple], nulls: bool = False) -> DataFrame:

@@ -93,10 +93,9 @@ def files_in_ranges(path: str, actions: pa.Table, schema: T.StructType,
         null_counts = (actions.column(f"null_count.{column}").to_pylist() if f"null_count.{column}" in names
                        else [None] * len(paths))
         for i, (low, high, null_count) in enumerate(zip(lows, highs, null_counts)):
-            if isinstance(high, str) and not _plain_string(high, STRING_PREFIX):
-                high = None  # possibly cut: bounds nothing above
-            if keep[i] and _comparable(low, ranges) and (high is None or _comparable(high, ranges)):
-                keep[i] = (any((high is None or least <= high) and low <= greatest for least, greatest in ranges)
+            cut = isinstance(high, str) and not _plain_string(high, STRING_PREFIX)  # bounds nothing above
+            if keep[i] and _comparable(low, ranges) and (cut or _comparable(high, ranges)):
+                keep[i] = (any((cut or least <= high) and low <= greatest for least, greatest in ranges)
                            or (nulls and null_count != 0))
     return [file_uri(path, p) for p, kept in zip(paths, keep) if kept]
 
