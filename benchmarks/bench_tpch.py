@@ -248,13 +248,13 @@ def refresh(spark, sources: dict[str, str], round_: int, new_orders: int, delete
               for name in ("orders", "lineitem") if name in sources}
     keys = (tables["orders"].select("o_orderkey") if "orders" in tables
             else tables["lineitem"].select(F.col("l_orderkey").alias("o_orderkey")).distinct())
+    top = keys.agg(F.max("o_orderkey")).first()[0]
     strings = isinstance(keys.schema["o_orderkey"].dataType, T.StringType)  # --string-keys
 
     def moved(column: str):  # a key plus the largest, in the key's type
         moved = F.col(column).cast("long") + F.lit(int(top))
         return as_key_string(moved) if strings else moved
 
-    top = keys.agg(F.max("o_orderkey")).first()[0]
     picked = keys.where(F.pmod(F.xxhash64("o_orderkey", F.lit(round_)), F.lit(max(1, orders_count // new_orders))) == 0)
     picked = picked.limit(new_orders).localCheckpoint()
     if "orders" in tables:

@@ -226,9 +226,8 @@ def test_a_changes_key_ranges_prune_the_other_side_exactly_whatever_the_keys_typ
     whose key is one of the change's: strings with quotes and backslashes, dates, decimals,
     tinyints, and values that join nothing."""
     import datetime
-    from decimal import Decimal
-
     import json
+    from decimal import Decimal
 
     from pyspark.sql.types import StringType
 

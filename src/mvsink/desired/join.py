@@ -37,9 +37,9 @@ or partition values lie outside. This is exact: every row of a term satisfies ev
 its row of the other side has ``b`` equal to some ``a`` of the change, never null (a null never
 equals). Delta's data skipping of ``b IN (...)`` uses only the list's least and greatest value, so
 ranges, cut at the widest gaps between the change's keys (between strings: the fewest characters
-shared before they differ), are what prune: keys clustered in a few
-places (new orders at the top, old ones deleted at the bottom) read a few files, keys spread
-everywhere read every file, as the whole scan would. A linear aggregate over such a join
+shared before they differ), are what prune: keys clustered in a few places (new orders at the
+top, old ones deleted at the bottom) read a few files, keys spread everywhere read every file, as
+the whole scan would. A linear aggregate over such a join
 (:mod:`mvsink.desired.linear_aggregate`) moves its groups by the same terms. A source read twice (a
 self-join) makes the query quadratic in it, an outer join is not linear: such queries, and any other
 shape (a source read in two branches of a union too, though it is linear), are evaluated in full.
@@ -226,9 +226,9 @@ def key_sets(columns: list[str]) -> list:
 def key_ranges(change: DataFrame, columns: list[str], sets: list | None = None) -> dict[str, list[tuple]]:
     """For each of ``columns``: closed ranges ``(least, greatest)`` covering every non-null value
     of it in ``change`` (at most :data:`MOST_RANGES`, cut at the widest gaps between its distinct
-    values (strings': :func:`_string_gap`); one range where they are more than
-    :data:`MOST_KEYS`; none where there is none). Cut from ``sets`` (of :func:`key_sets`, a small change's distinct values
-    observed by the job that holds it) where given; otherwise collected by one bounded job per
+    values (strings': :func:`_string_gap`); one range where they are more than :data:`MOST_KEYS`;
+    none where there is none). Cut from ``sets`` (of :func:`key_sets`, a small change's distinct
+    values observed by the job that holds it) where given; otherwise collected by one bounded job per
     column (and one more for a column with more values)."""
     if sets is not None:
         return {column: ranges_of(text, change.schema[column].dataType) for column, text in zip(columns, sets)}
