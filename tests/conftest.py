@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
+from pathlib import Path
 
 import pytest
+
+# Spark's settings for this run and every process it starts (spark-defaults.conf: why, there).
+os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "spark-conf"))
 
 
 @pytest.fixture(scope="session")
 def spark():
     from mvsink.spark import spark_session
 
-    session = spark_session("mvsink-tests")
+    # What the run's plans, encoders and status records keep grows to ~1.7 GB over the suite: in
+    # the default 2 GB heap the garbage collector ran all the time (a fifth of the CPU, and more).
+    session = spark_session("mvsink-tests", {"spark.driver.memory": "6g"})
     yield session
     session.stop()
 
