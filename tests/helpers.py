@@ -123,7 +123,7 @@ class Replica:
 
 
 def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, edit: Callable[[int], None],
-                       target: str, view_id: str, pause: tuple[float, float] = (0.5, 3.0)) -> int:
+                       target: str, view_id: str, pause: tuple[float, float] = (0.3, 2.0)) -> int:
     """Make source commits (``edit(n)``) and kill (SIGKILL or SIGTERM) a replica ``restarts``
     times, the replicas in turn. A victim stays down, while the edits go on, until another replica
     has won a commit that writes updates, so every run shows the survivors taking over; then it

@@ -11,7 +11,7 @@ from deltalake import DeltaTable
 from helpers import assert_race_log, race_outcome, row_schema, run_racers
 
 PROCESSES = 4
-ROUNDS = 200
+ROUNDS = 120
 
 
 def test_processes_racing_on_one_table_have_exactly_one_winner_per_round(tmp_path):

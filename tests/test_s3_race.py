@@ -14,7 +14,7 @@ from mvsink import storage
 from mvsink.target.commit_info import META_COMMIT
 
 PROCESSES = 3
-ROUNDS = 100
+ROUNDS = 60
 SCHEMA = row_schema()
 
 

@@ -12,7 +12,7 @@ from deltalake import DeltaTable
 from mvsink.timeline import APP_ID
 
 PROCESSES = 4
-ROUNDS = 200
+ROUNDS = 120
 SOURCES = {"a": "/nowhere/a", "b": "/nowhere/b"}
 
 
