@@ -17,7 +17,7 @@ def spark():
     from mvsink.spark import spark_session
 
     # What the run's plans, encoders and status records keep grows to ~1.7 GB over the suite: in
-    # the default 2 GB heap the garbage collector ran all the time (a fifth of the CPU, and more).
+    # the default 2 GB heap the garbage collector ran all the time (~10% of the run's CPU).
     session = spark_session("mvsink-tests", {"spark.driver.memory": "6g"})
     yield session
     session.stop()
