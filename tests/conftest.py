@@ -1,4 +1,11 @@
-"""Shared fixtures: one SparkSession for the whole run (Spark is slow to start)."""
+"""Shared fixtures: one SparkSession per test process (Spark is slow to start).
+
+The run is split over two test processes (pytest-xdist, ``-n 2 --dist loadgroup`` in
+pyproject.toml): with one, the machine's second core sat idle ~30% of the time while the single
+driver thread planned queries or waited for a job. A file's tests stay on one process (its module
+fixtures are made once); the files whose tests start processes of their own (replica jobs, racers,
+a cluster: ``pytestmark = xdist_group("processes")``) all run on one of them, one test at a time,
+so no two of those share the two cores."""
 
 from __future__ import annotations
 
@@ -12,13 +19,21 @@ import pytest
 os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "spark-conf"))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
 @pytest.fixture(scope="session")
 def spark():
     from mvsink.spark import spark_session
 
-    # What the run's plans, encoders and status records keep grows to ~1.7 GB over the suite: in
-    # the default 2 GB heap the garbage collector ran all the time (~10% of the run's CPU).
-    session = spark_session("mvsink-tests", {"spark.driver.memory": "6g"})
+    # What a serial run's plans, encoders and status records kept grew to ~1.7 GB over the suite:
+    # in the default 2 GB heap the garbage collector ran all the time (~10% of the run's CPU).
+    # Each of the two test processes runs about half of the suite.
+    session = spark_session("mvsink-tests", {"spark.driver.memory": "4g"})
     yield session
     session.stop()
 
