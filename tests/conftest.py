@@ -1,11 +1,9 @@
 """Shared fixtures: one SparkSession per test process (Spark is slow to start).
 
-The run is split over two test processes (pytest-xdist, ``-n 2 --dist loadgroup`` in
-pyproject.toml): with one, the machine's second core sat idle ~30% of the time while the single
-driver thread planned queries or waited for a job. A file's tests stay on one process (its module
-fixtures are made once); the files whose tests start processes of their own (replica jobs, racers,
-a cluster: ``pytestmark = xdist_group("processes")``) all run on one of them, one test at a time,
-so no two of those share the two cores."""
+The run is split over two test processes (pytest-xdist, ``-n 2 --dist loadfile`` in
+pyproject.toml), a file's tests on one of them, in their order (its module fixtures are made
+once): with one process, sampled with jstack, the JVM had neither its driver thread nor a task
+running ~30% of the time, and the machine's second core sat idle."""
 
 from __future__ import annotations
 
@@ -17,13 +15,6 @@ import pytest
 
 # Spark's settings for this run and every process it starts (spark-defaults.conf: why, there).
 os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "spark-conf"))
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture(scope="session")

@@ -36,8 +36,6 @@ from mvsink.check import caught_up, check_table, expected_from_source
 from mvsink.spark import delta_jars, s3a_jars
 from mvsink.view import resolve_function
 
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
-
 SPARK_HOME = Path(_find_spark_home())
 
 SOURCE_VERSIONS = 10

@@ -6,13 +6,10 @@ from __future__ import annotations
 import os
 import signal
 
-import pytest
 from deltalake import DeltaTable
 
 from helpers import Replica, create_source, insert, wait_for, write_config
 from mvsink.check import caught_up, check_table, expected_from_source
-
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
 
 
 def _upper(tgt):

@@ -13,13 +13,9 @@ import subprocess
 import sys
 import textwrap
 
-import pytest
-
 from helpers import ROOT, Replica, create_source, insert, log_history, view_upper_of, wait_for, write_config
 from mvsink.check import caught_up, check_table, expected_from_source
 from mvsink.replica.controller import Controller
-
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
 
 VIEW = "shop"
 

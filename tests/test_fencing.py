@@ -21,8 +21,6 @@ from mvsink.check import caught_up
 from mvsink.metrics import render
 from mvsink.replica.job import EXIT_FENCED
 
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
-
 VIEW = "orders"
 BLUE = "SELECT id, amount FROM orders WHERE amount > 2"
 GREEN = "SELECT id, amount FROM orders WHERE amount > 4"

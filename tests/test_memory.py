@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import signal
 
-import pytest
 from deltalake import DeltaTable
 
 from helpers import Replica, wait_for, write_config
-
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
 
 ROWS = 300_000
 WIDTH = 200  # bytes of payload per row: ~60 MB of view against a 1 MB result limit

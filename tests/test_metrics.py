@@ -10,11 +10,7 @@ import subprocess
 import sys
 import urllib.request
 
-import pytest
-
 from helpers import JOB, ROOT, Replica, create_source, free_port, insert, view_upper_of, wait_for, write_config
-
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
 
 
 def _scrape(port: int) -> dict[str, float]:

@@ -13,14 +13,10 @@ import textwrap
 import time
 import urllib.request
 
-import pytest
-
 from helpers import (ROOT, Replica, create_source, free_port, insert, log_history, view_upper_of, wait_for,
                      write_config)
 from mvsink.check import caught_up
 from mvsink.table import latest_version
-
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
 
 VIEW = "watched"
 ROWS = 200

@@ -30,8 +30,6 @@ from mvsink.pipeline.parse import parse_file
 from mvsink.replica import cli
 from mvsink.view import view_from_spec
 
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
-
 
 @pytest.fixture(scope="module")
 def shop(spark, tmp_path_factory) -> dict[str, str]:

@@ -12,14 +12,10 @@ import signal
 import subprocess
 import sys
 
-import pytest
-
 from helpers import JOB, ROOT, Replica, log_history, wait_for
 from mvsink.check import caught_up, check_table
 from mvsink.pipeline import read_config
 from pipeline_tpch import GOLD, SILVER, VIEWS, Independent, random_commit, views_agree, write_pipeline
-
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
 
 #: The new pipeline's one change; it reaches the two views over it as well.
 CHANGED = {"customer_nation", "customer_revenue", "nation_revenue"}

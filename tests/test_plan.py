@@ -14,16 +14,12 @@ import time
 from collections import Counter
 from urllib.parse import unquote
 
-import pytest
-
 import pyarrow.parquet as pq
 
 from helpers import ROOT, Replica, create_source, log_history, view_upper_of, wait_for, write_config
 from mvsink.check import caught_up
 from mvsink.replica.controller import Controller
 from mvsink.table import latest_version, log_actions
-
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
 
 VIEW = "shop"
 COLUMNS = ("id", "v", "_mv_error", "_mv_time", "_mv_diff")

@@ -30,8 +30,6 @@ from mvsink.replica.server import STREAM_METHOD
 from mvsink.table import latest_version
 from mvsink.timeline import REASON_SOURCES, Timeline
 
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
-
 VIEW = "orders"
 
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-import pytest
 from deltalake import DeltaTable
 
 from helpers import assert_race_log, race_outcome, row_schema, run_racers
-
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
 
 PROCESSES = 4
 ROUNDS = 120

@@ -5,15 +5,12 @@ from __future__ import annotations
 import random
 import signal
 
-import pytest
 from deltalake import DeltaTable
 
 from helpers import (Replica, create_source, edit_with_restarts, insert, read_plainly_at_every_time, view_upper_of,
                      wait_for, write_config)
 from mvsink.check import caught_up, check_table, expected_from_source
 from mvsink.view import resolve_function
-
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
 
 SOURCE_VERSIONS = 24
 #: Three race in test_timeline_replicas (a view over three sources).

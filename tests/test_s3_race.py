@@ -13,8 +13,6 @@ from helpers import (S3_BUCKET, assert_race_log, list_files, race_outcome, row_s
 from mvsink import storage
 from mvsink.target.commit_info import META_COMMIT
 
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
-
 PROCESSES = 3
 ROUNDS = 60
 SCHEMA = row_schema()

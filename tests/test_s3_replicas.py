@@ -13,8 +13,6 @@ from helpers import S3_BUCKET, Replica, run_with_a_kill, s3_server_fixture, s3_t
 from mvsink import storage
 from mvsink.check import check_table, expected_from_source
 
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
-
 SOURCE_VERSIONS = 14
 
 

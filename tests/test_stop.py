@@ -17,8 +17,6 @@ import pytest
 from helpers import ROOT, Replica, kill_group, wait_for
 from mvsink.spark import delta_jars
 
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
-
 
 def _spark_submit() -> list[str]:
     script = Path(sys.executable).parent / "spark-submit"

@@ -7,12 +7,9 @@ import json
 import multiprocessing
 from collections import Counter
 
-import pytest
 from deltalake import DeltaTable
 
 from mvsink.timeline import APP_ID
-
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
 
 PROCESSES = 4
 ROUNDS = 120

@@ -16,8 +16,6 @@ from mvsink.check import TimelineReader, caught_up, check_table
 from timeline_views import (CUSTOMERS, LINEITEM, ORDERS, ORDERS_LEFT_CUSTOMERS_SQL, ORDERS_WITH_CUSTOMERS_COLUMNS,
                             REVENUE_COLUMNS, Independent)
 
-pytestmark = pytest.mark.xdist_group("processes")  # conftest: one such test at a time
-
 SOURCE_COMMITS = 24
 RESTARTS = 3
 VIEWS = Path(__file__).with_name("timeline_views.py")
