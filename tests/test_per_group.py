@@ -225,14 +225,16 @@ def test_refresh_incremental_accepts_it_and_explain_says_so(spark, tmp_path, cap
 @pytest.mark.parametrize("sql, strategy", [
     ("SELECT sub, max(qty) AS top, count(*) AS n FROM src GROUP BY sub", STRATEGY),
     ("SELECT sub, sum(qty) AS top, count(*) AS n FROM src GROUP BY sub", "linear aggregate"),
-], ids=["per-group", "linear-aggregate"])
+    ("SELECT sub, max(lpad(CAST(qty AS STRING), 6, '0')) AS top, count(*) AS n FROM src GROUP BY sub", STRATEGY),
+], ids=["per-group", "linear-aggregate", "string-key"])
 def test_the_key_check_reads_only_the_files_that_can_hold_the_touched_keys(spark, tmp_path, monkeypatch, strategies,
                                                                             sql, strategy):
-    """Keyed by an aggregate (two groups with one maximum, or sum, are a duplicate key): each step
-    that starts or ends a group checks the keys whose row count changed, reading only the view's
-    files whose statistics of the key can hold them (the buffer's rows are read whole). Duplicates
-    started and ended against rows of an old file and of the hydration's are found; the view's
-    rows and key errors equal the query's at every time."""
+    """Keyed by an aggregate (two groups with one maximum, or sum, are a duplicate key; a number,
+    or a string whose statistics are plainly values): each step that starts or ends a group
+    checks the keys whose row count changed, reading only the view's files whose statistics of
+    the key can hold them (the buffer's rows are read whole). Duplicates started and ended against
+    rows of an old file and of the hydration's are found; the view's rows and key errors equal the
+    query's at every time."""
     from mvsink.correction.readback import ReadBack
 
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")

@@ -323,3 +323,23 @@ def test_a_files_copies_of_retracted_rows_are_found_by_whole_row_null_safe_equal
     expected = {r: ps for r, ps in expected.items() if ps}
     assert expected and any(len(ps) > 1 for ps in expected.values())  # the search has repeats to find
     assert _copies(rows, wanted, "id") == expected
+
+
+def test_the_view_files_string_statistics_prune_only_where_they_are_plainly_values():
+    """The files a retraction's values (``_prune_by_values``) or a key check's ranges
+    (``files_in_ranges``) can be in, by the files' statistics of a string key, as Delta writes
+    them: short keys; keys longer than the prefix Delta keeps (its maximum cut, a character after
+    the prefix); keys with a character beyond the basic plane. The short keys' file is pruned by
+    both bounds, the long keys' by its minimum alone, the third never."""
+    from mvsink.write.rewrite import TableFile, _prune_by_values, files_in_ranges
+
+    long = "m" * 40
+    files = [TableFile("short", 1, "b1", "b2", 0), TableFile("long", 1, long[:32], long[:32] + "\uffff", 0),
+             TableFile("astral", 1, "q\U0001F600", "q\U0001F601", 0)]
+    for value, kept in [("b1", {"short", "astral"}), ("zz", {"long", "astral"}), ("a", {"astral"}),
+                        (long + "q", {"long", "astral"}), (long[:32] + "\U0001F600", {"long", "astral"})]:
+        assert {f.path for f in _prune_by_values(files, [value])} == kept, value
+        assert {f.path for f in files_in_ranges(files, [(value, value)], False)} == kept, value
+    assert {f.path for f in files_in_ranges(files, [("b2", long + "b")], False)} == {"short", "long", "astral"}
+    assert {f.path for f in files_in_ranges(files, [("c", "d")], False)} == {"astral"}
+    assert {f.path for f in _prune_by_values(files, [None])} == set(), "no file holds a null"

@@ -170,9 +170,8 @@ def touched_values(touches: list[tuple[Column, Column]], small: bool) -> list[Co
 def touched_ranges(values: str, nulls: bool, data_type: T.DataType, small: bool) -> tuple[list[tuple], bool] | None:
     """The ranges covering the observed ``values`` (of :func:`touched_values`, ``small`` as
     there) of a column of ``data_type``, and ``nulls``; None where the type is not pruned by
-    ranges (strings too: a file's statistics of them may be truncated)."""
-    name = data_type.simpleString()
-    if not is_ranged(name) or name == "string":
+    ranges."""
+    if not is_ranged(data_type.simpleString()):
         return None
     return ranges_of(values, data_type, cut=small), bool(nulls)
 

@@ -8,18 +8,12 @@ with its schema. So the files are listed here from the log by delta-rs, in this 
 version, and those whose min/max statistics of a key column lie outside every range of the change
 are left out (unless nulls are asked for and the file may hold one). A file without statistics for
 the column is kept, and so is every file where the column is not an integer, date, decimal or
-string (of Spark's binary collation). A string's statistics may be cut: the protocol has a
-minimum below every value and a maximum above, and writers keep a prefix of the least value and
-a prefix of the greatest with a character after it that no value's next character passes
-(Delta's ``U+FFFF``, or the greatest code point). So a string statistic prunes only where it is
-plainly a value, compared in code point order, which is the order of UTF-8 bytes Spark compares
-in: a minimum below ``U+D800`` (no surrogate, private use or supplementary character), and a
-maximum that also is shorter than :data:`STRING_PREFIX` characters (the prefix Delta keeps by
-default); a longer maximum bounds nothing above. The keys are a join's other side's (the change's
-join keys) or a per-group aggregate's groups (the changed groups' values). The caller still
-filters the rows by the ranges (:func:`~mvsink.desired.join.pruned`): leaving out a file only
-skips rows none of which is asked for. Any table this cannot read (another protocol, partitions, a log
-delta-rs fails on) is read through Delta as before.
+string (of Spark's binary collation); a string statistic bounds only where it is plainly a value
+(:func:`mvsink.file_stats.bounds`). The keys are a join's other side's (the change's join keys)
+or a per-group aggregate's groups (the changed groups' values). The caller still filters the rows
+by the ranges (:func:`~mvsink.desired.join.pruned`): leaving out a file only skips rows none of
+which is asked for. Any table this cannot read (another protocol, partitions, a log delta-rs
+fails on) is read through Delta as before.
 """
 
 from __future__ import annotations
@@ -34,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from mvsink import storage
+from mvsink.file_stats import bounds
 from mvsink.table import file_uri
 
 log = logging.getLogger(__name__)
@@ -42,10 +37,6 @@ log = logging.getLogger(__name__)
 _PRUNED_TYPES = ((T.ByteType, T.ShortType, T.IntegerType, T.LongType), (T.DateType,), (T.DecimalType,),
                  (T.StringType,))
 _VALUE_TYPES = (int, datetime.date, Decimal, str)
-#: The characters Delta keeps of a string statistic (``delta.dataSkippingStringPrefixLength``'s default).
-STRING_PREFIX = 32
-#: The first character a string statistic that is plainly a value does not hold (surrogates and above).
-_PLAIN_BELOW = "\ud800"
 _GLOB = "*?[]{}\\"
 _CHAR_VARCHAR = "__CHAR_VARCHAR_TYPE_STRING"
 
@@ -93,9 +84,9 @@ def files_in_ranges(path: str, actions: pa.Table, schema: T.StructType,
         null_counts = (actions.column(f"null_count.{column}").to_pylist() if f"null_count.{column}" in names
                        else [None] * len(paths))
         for i, (low, high, null_count) in enumerate(zip(lows, highs, null_counts)):
-            cut = isinstance(high, str) and not _plain_string(high, STRING_PREFIX)  # bounds nothing above
-            if keep[i] and _comparable(low, ranges) and (cut or _comparable(high, ranges)):
-                keep[i] = (any((cut or least <= high) and low <= greatest for least, greatest in ranges)
+            low, high = bounds(low, high)
+            if keep[i] and _comparable(low, ranges) and (high is None or _comparable(high, ranges)):
+                keep[i] = (any((high is None or least <= high) and low <= greatest for least, greatest in ranges)
                            or (nulls and null_count != 0))
     return [file_uri(path, p) for p, kept in zip(paths, keep) if kept]
 
@@ -120,13 +111,8 @@ def read_files(spark: SparkSession, uris: list[str], schema: T.StructType) -> Da
 def _comparable(value, ranges: list[tuple]) -> bool:
     """Whether a statistic ``value`` compares exactly with the ranges' bounds: both of one of the
     types pruned here (a missing statistic does not)."""
-    if value is None or isinstance(value, bool) or isinstance(value, str) and not _plain_string(value):
+    if value is None or isinstance(value, bool):
         return False
     kind = next((k for k in _VALUE_TYPES if isinstance(value, k)), None)
     return kind is not None and all(isinstance(b, kind) and not isinstance(b, bool) for r in ranges for b in r)
 
-
-def _plain_string(value: str, shorter_than: int | None = None) -> bool:
-    """Whether a string statistic is plainly a value (see the module doc): no character at or
-    above ``U+D800``, and fewer than ``shorter_than`` characters where given."""
-    return (not value or max(value) < _PLAIN_BELOW) and (shorter_than is None or len(value) < shorter_than)

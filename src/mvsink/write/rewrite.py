@@ -6,7 +6,8 @@ hold them. The files searched are the table's files as the read-back last saw th
 correction buffer was computed against; the commit that removes them is only made on a snapshot
 that still holds every one of them (:func:`mvsink.append.compare_and_append`), so a file rewritten
 here is never one that changed meanwhile. Files whose min/max statistics of the *prune column*
-(the view's first key column, else its first column) cannot hold a retracted value are not read.
+(the view's first key column, else its first column; :func:`mvsink.file_stats.bounds`) cannot
+hold a retracted value are not read.
 
 Two ways, both one Spark task per file rewritten (pyarrow: the file without the deleted
 positions; a file sorted by the prune column stays sorted, see :func:`mvsink.write.sort_column`):
@@ -48,6 +49,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink import storage
+from mvsink.file_stats import bounds
 from mvsink.table import file_uri
 from mvsink.updates import DIFF
 from mvsink.write import _FILE_LIST_SCHEMA, StagedFile, _delete_if_exists, _FileWriter, sorted_rows
@@ -117,7 +119,8 @@ def rewrite_retractions(spark: SparkSession, retractions: DataFrame, table_files
 
 
 def _prune_by_values(files: list[TableFile], values: list) -> list[TableFile]:
-    """The files whose statistics allow one of ``values`` (None: a null)."""
+    """The files whose statistics allow one of ``values`` (None: a null); a file without them, or
+    with ones that do not compare, is kept."""
     has_null = any(v is None for v in values)
     try:
         present = sorted(v for v in values if v is not None)
@@ -125,15 +128,13 @@ def _prune_by_values(files: list[TableFile], values: list) -> list[TableFile]:
         return files
     kept = []
     for f in files:
-        if f.low is None or f.high is None:
-            kept.append(f)
-            continue
+        low, high = bounds(f.low, f.high)
         if has_null and (f.nulls is None or f.nulls > 0):
             kept.append(f)
             continue
         try:
-            i = bisect.bisect_left(present, f.low)
-            if i < len(present) and present[i] <= f.high:
+            i = 0 if low is None else bisect.bisect_left(present, low)
+            if i < len(present) and (high is None or present[i] <= high):
                 kept.append(f)
         except TypeError:
             kept.append(f)
@@ -142,13 +143,14 @@ def _prune_by_values(files: list[TableFile], values: list) -> list[TableFile]:
 
 def files_in_ranges(files: list[TableFile], ranges: list[tuple], has_null: bool) -> list[TableFile]:
     """The files whose statistics allow a value in one of the closed ``ranges`` (a bound None:
-    any value), or a null where ``has_null``; a file with no statistics, or ones that do not
-    compare, is kept."""
+    any value), or a null where ``has_null``; a file without them, or with ones that do not
+    compare, is kept (where anything is asked)."""
     kept = []
     for f in files:
+        low, high = bounds(f.low, f.high)
         try:
-            overlaps = f.low is None or f.high is None or any(
-                low is None or high is None or not (f.high < low or f.low > high) for low, high in ranges)
+            overlaps = any((least is None or high is None or least <= high)
+                           and (greatest is None or low is None or low <= greatest) for least, greatest in ranges)
         except TypeError:
             overlaps = True
         if overlaps or (has_null and (f.nulls is None or f.nulls > 0)):
@@ -294,8 +296,8 @@ def _shares(inserts: pa.Table, files: list[TableFile], prune_column: str) -> lis
             return [inserts.filter(pa.array(owners == i)) for i in range(n)]
         except TypeError:
             pass
-    bounds = [inserts.num_rows * i // n for i in range(n + 1)]
-    return [inserts.slice(lo, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
+    edges = [inserts.num_rows * i // n for i in range(n + 1)]
+    return [inserts.slice(lo, hi - lo) for lo, hi in zip(edges, edges[1:])]
 
 
 def _quotas(files: list[TableFile], outcomes: dict[str, _Outcome], copies: list[int]) -> dict[str, dict[int, int]]:
