@@ -34,6 +34,14 @@ def bounds(low, high) -> tuple[object, object]:
     return low, high
 
 
+def overlaps(low, high, ranges: list[tuple]) -> bool:
+    """Whether values from ``low`` to ``high`` (of :func:`bounds`; None: no bound that way) meet
+    one of the closed ``ranges`` (a bound None: none that way). Raises TypeError where they do
+    not compare."""
+    return any((least is None or high is None or least <= high) and (greatest is None or low is None or low <= greatest)
+               for least, greatest in ranges)
+
+
 def _plain_string(value: str, shorter_than: int | None = None) -> bool:
     """Whether a string statistic is plainly a value: no character at or above ``U+D800``, and
     fewer than ``shorter_than`` characters where given."""

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from mvsink import storage
-from mvsink.file_stats import bounds
+from mvsink.file_stats import bounds, overlaps
 from mvsink.table import file_uri
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,7 @@ def files_in_ranges(path: str, actions: pa.Table, schema: T.StructType,
         for i, (low, high, null_count) in enumerate(zip(lows, highs, null_counts)):
             low, high = bounds(low, high)
             if keep[i] and _comparable(low, ranges) and (high is None or _comparable(high, ranges)):
-                keep[i] = (any((high is None or least <= high) and low <= greatest for least, greatest in ranges)
-                           or (nulls and null_count != 0))
+                keep[i] = overlaps(low, high, ranges) or (nulls and null_count != 0)
     return [file_uri(path, p) for p, kept in zip(paths, keep) if kept]
 
 

@@ -49,7 +49,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink import storage
-from mvsink.file_stats import bounds
+from mvsink.file_stats import bounds, overlaps
 from mvsink.table import file_uri
 from mvsink.updates import DIFF
 from mvsink.write import _FILE_LIST_SCHEMA, StagedFile, _delete_if_exists, _FileWriter, sorted_rows
@@ -147,13 +147,11 @@ def files_in_ranges(files: list[TableFile], ranges: list[tuple], has_null: bool)
     compare, is kept (where anything is asked)."""
     kept = []
     for f in files:
-        low, high = bounds(f.low, f.high)
         try:
-            overlaps = any((least is None or high is None or least <= high)
-                           and (greatest is None or low is None or low <= greatest) for least, greatest in ranges)
+            meets = overlaps(*bounds(f.low, f.high), ranges)
         except TypeError:
-            overlaps = True
-        if overlaps or (has_null and (f.nulls is None or f.nulls > 0)):
+            meets = True
+        if meets or (has_null and (f.nulls is None or f.nulls > 0)):
             kept.append(f)
     return kept
 
