@@ -123,17 +123,28 @@ class Replica:
 
 
 def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, edit: Callable[[int], None],
-                       target: str, view_id: str, pause: tuple[float, float] = (0.3, 2.0)) -> int:
+                       target: str, view_id: str, pause: tuple[float, float] = (0.3, 2.0),
+                       takeover_timeout: float = 600) -> int:
     """Make source commits (``edit(n)``) and kill (SIGKILL or SIGTERM) a replica ``restarts``
     times, the replicas in turn. A victim stays down, while the edits go on, until another replica
     has won a commit that writes updates, so every run shows the survivors taking over; then it
-    restarts. Makes at least ``commits`` edits, more while a takeover or a restart is pending (at
-    most three times as many). At the end every replica is alive. Returns the number of restarts."""
+    restarts. Makes at least ``commits`` edits, more while a takeover is pending: a survivor may
+    itself have just restarted, so on a loaded machine it can take a JVM's start and a hydration,
+    and the wait is bounded in seconds (``takeover_timeout``), not in edits. Fails at once if a
+    replica that was not killed exits. At the end every replica is alive. Returns the number of
+    restarts."""
     kill_at = sorted(rng.sample(range(2, commits - 4), restarts))
-    down: tuple[Replica, int] | None = None  # the victim, and the data commits others had won when it died
+    down: tuple[Replica, int, float] | None = None  # the victim, the others' data commits then, when
     n = done = 0
     while n < commits or done < restarts or down:
-        assert n < 3 * commits, f"no replica took over from {down[0].replica_id if down else '?'} in {n} edits"
+        for replica in fleet:
+            if not replica.alive() and (down is None or replica is not down[0]):
+                raise AssertionError(f"replica {replica.replica_id} exited during the edits:\n"
+                                     + replica.logs()[-4000:])
+        if down and time.monotonic() - down[2] > takeover_timeout:
+            raise AssertionError(f"no replica took over from {down[0].replica_id} in {takeover_timeout}s "
+                                 f"({n} edits); the others' last lines:\n" + "\n".join(
+                                     f"--- {r.replica_id}\n{r.logs()[-3000:]}" for r in fleet if r is not down[0]))
         edit(n)
         n += 1
         if down and _data_commits_by_others(target, view_id, down[0]) > down[1]:
@@ -142,7 +153,7 @@ def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, e
         if down is None and done < restarts and n >= kill_at[done]:
             victim = fleet[done % len(fleet)]
             victim.kill(rng.choice([signal.SIGKILL, signal.SIGTERM]))
-            down = (victim, _data_commits_by_others(target, view_id, victim))
+            down = (victim, _data_commits_by_others(target, view_id, victim), time.monotonic())
             done += 1
         time.sleep(rng.uniform(*pause))
     for replica in fleet:
