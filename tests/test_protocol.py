@@ -228,7 +228,7 @@ def test_update_configuration_without_restart(env):
     status = ctl.status()
     assert status.config == {"shuffle_partitions": 3, "trigger_seconds": 0.3, "log_level": "DEBUG"}
     view = status.views[VIEW]
-    assert view["query_id"] != before["query_id"], "the query runs at the new interval"
+    assert view["loop_id"] != before["loop_id"], "the view steps at the new interval"
     assert view["hydrations"] == before["hydrations"] == 1, "no re-hydration"
     insert(env.spark, env.src, [(6, "f")])  # a step that mints, which logs at DEBUG
     wait_for(lambda: " DEBUG mvsink.mint" in env.replica.logs(), 60, what="debug logging")
@@ -283,12 +283,12 @@ def test_reconnect_keeps_compatible_views_and_replaces_others(env):
             [c for c in history if isinstance(c, CreateDataflow)]
         status = again.status()
         kept = status.views[VIEW]
-        assert kept["query_id"] == running["query_id"] and kept["hydrations"] == 1
+        assert kept["loop_id"] == running["loop_id"] and kept["hydrations"] == 1
         wait_for(lambda: again.frontiers.get(VIEW), 30, 0.1, "the frontier, reported afresh")
         insert(env.spark, env.src, [(9, "i")])
         _caught_up(env, again)
         assert_frontiers_advance(again.responses)
-        assert again.status().views[VIEW]["query_id"] == running["query_id"]
+        assert again.status().views[VIEW]["loop_id"] == running["loop_id"]
 
     # A controller that wants the view with another definition: it is replaced.
     changed = [CreateDataflow({**c.view, "as_of": 1}) if isinstance(c, CreateDataflow) else c
@@ -296,7 +296,7 @@ def test_reconnect_keeps_compatible_views_and_replaces_others(env):
     with Controller(env.replica.address, history=CommandHistory(changed), timeout=120) as other:
         other.connect()
         replaced = other.status().views[VIEW]
-        assert replaced["query_id"] != running["query_id"]
+        assert replaced["loop_id"] != running["loop_id"]
         assert "reconciliation: view orders is not requested as it runs" in env.replica.logs()
         _caught_up(env, other)
         result = check_table(env.tgt, VIEW, ["id", "v"], _expected_view(env))
@@ -308,7 +308,7 @@ def test_reconnect_keeps_compatible_views_and_replaces_others(env):
         version, timeline_version = DeltaTable(env.tgt).version(), DeltaTable(_timeline(env)).version()
         insert(env.spark, env.src, [(10, "j")])
         time.sleep(4)
-        assert DeltaTable(env.tgt).version() == version, "a dropped view's query has stopped"
+        assert DeltaTable(env.tgt).version() == version, "a dropped view's loop has stopped"
         assert DeltaTable(_timeline(env)).version() == timeline_version, "and mints no time"
         assert_frontiers_advance(other.responses)
 

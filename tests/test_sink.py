@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import time
 from collections import Counter
 
 import pytest
@@ -125,20 +125,45 @@ def test_a_step_that_fails_midway_loses_nothing(spark, tmp_path):
     assert {tuple(r) for r in read_view(spark, tgt, "flaky").collect()} == {(1, "aa"), (2, "b")}
 
 
-def test_a_streamed_view_keeps_up_and_its_stop_leaves_no_checkpoint_behind(spark, tmp_path):
-    """``start_stream`` steps the view on a trigger; without a checkpoint given, the ticks' one is
-    a temporary directory that ``stop_stream`` removes."""
+def test_a_view_stepped_on_a_timer_keeps_up_stops_between_steps_and_ends_on_repeated_failures(spark, tmp_path):
+    """``start_stream`` steps the view every trigger on a thread of its own (no streaming query:
+    Spark runs no micro-batch); ``stop_stream`` lets the running step end and starts no other. A
+    step that fails is retried at the next tick; ``max_consecutive_failures`` in a row end the loop
+    with the error kept, and a new loop carries on from the view's state."""
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a")])
-    mv = MaterializedView(spark, ViewDefinition("streamed", tgt, ChangesInput(src), key=("id",), replica_id="r1"))
-    query = mv.start_stream(trigger_seconds=0.2)
-    checkpoint = mv._ticks_checkpoint
+    mv = MaterializedView(spark, ViewDefinition("timed", tgt, ChangesInput(src), key=("id",), replica_id="r1"),
+                          max_consecutive_failures=2)
+    rows = lambda: {tuple(r) for r in spark.read.format("delta").load(tgt).collect()}  # noqa: E731
+    ticks: list[int] = []
+    loop = mv.start_stream(trigger_seconds=0.2, after_step=lambda: ticks.append(mv.steps))
     try:
         insert(spark, src, [(2, "b")])
-        wait_for(lambda: latest_version(tgt) is not None and {tuple(r) for r in spark.read.format("delta").load(tgt)
-                                                              .collect()} == {(1, "a"), (2, "b")},
+        wait_for(lambda: latest_version(tgt) is not None and rows() == {(1, "a"), (2, "b")},
                  timeout=120, interval=0.2, what="the view to hold the source's rows")
-        assert os.path.isdir(checkpoint)
+        assert loop.isActive and not spark.streams.active, "no streaming query steps the view"
     finally:
-        mv.stop_stream(query)
-    assert not query.isActive and not os.path.exists(checkpoint)
+        mv.stop_stream(loop)
+    assert not loop.isActive and loop.exception() is None
+    stopped_after = len(ticks)
+    insert(spark, src, [(3, "c")])
+    time.sleep(1.0)  # five triggers' worth: nothing may happen
+    assert len(ticks) == stopped_after and rows() == {(1, "a"), (2, "b")}, "no step after the stop"
+
+    real_step, calls = mv.step, []
+
+    def failing_step():
+        calls.append(1)
+        raise OSError("injected: the target is unreachable")
+
+    mv.step = failing_step
+    loop = mv.start_stream(trigger_seconds=0.1)
+    assert loop.awaitTermination(60), "the loop ends after max_consecutive_failures failures in a row"
+    assert len(calls) == 2 and "injected" in str(loop.exception())
+    mv.step = real_step
+    loop = mv.start_stream(trigger_seconds=0.1)
+    try:
+        wait_for(lambda: rows() == {(1, "a"), (2, "b"), (3, "c")}, timeout=120, interval=0.2,
+                 what="a new loop to catch up")
+    finally:
+        mv.stop_stream(loop)

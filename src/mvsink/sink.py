@@ -36,15 +36,15 @@ Between two steps, :meth:`MaterializedView.plan` gives the updates the next comm
 hydrates reports its progress through :class:`~mvsink.desired.hydration.Hydration`.
 
 The micro-batch a ``foreachBatch`` hands over only triggers a step: mvsink reads its input itself
-at the versions the timeline pins, so that all replicas see the same times and rows.
+at the versions the timeline pins, so that all replicas see the same times and rows. A job steps
+its views on a timer instead (:meth:`MaterializedView.start_stream`, a
+:class:`~mvsink.step_loop.StepLoop`), without a micro-batch's cost.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 import threading
 import time
 from functools import cached_property, reduce
@@ -54,7 +54,6 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from mvsink import storage
 from mvsink.target import layout
 from mvsink.append import Shard, compare_and_append
 from mvsink.target.commit_info import (META_HISTORY, META_READBACK, REASON_CORRECTION, REASON_PROGRESS,
@@ -71,6 +70,7 @@ from mvsink.desired.hydration import Hydration
 from mvsink.desired.key_check import KeyErrors, KeyRanges, unique_keys, unique_keys_by_shuffle
 from mvsink.target.layout import META_ERRORS, TABLE
 from mvsink.metrics import ViewMetrics
+from mvsink.step_loop import StepLoop
 from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
 from mvsink.table import latest_version
@@ -147,12 +147,8 @@ class MaterializedView:
         self.spark = spark
         self.max_consecutive_failures = max_consecutive_failures
         self._failures = 0
-        #: Held by a streamed step; :meth:`stop_stream` takes it to stop between steps.
-        self._stream_gate = threading.Lock()
         #: Held for a whole step: :meth:`plan` reads the buffer and frontiers between two steps.
         self._step_lock = threading.RLock()
-        self._stream_stopping = False
-        self._ticks_checkpoint: str | None = None
         self.view = view
         self.orphan_grace_seconds = orphan_grace_seconds
         self.shard = Shard(view.target, view.app_id, view.view_id, view.replica_id)
@@ -233,7 +229,7 @@ class MaterializedView:
             return None
         return min(self.desired_frontier, self.observed_upper)
 
-    def foreach_batch(self, _batch: DataFrame, batch_id: int) -> None:
+    def foreach_batch(self, _batch: DataFrame | None, batch_id: int) -> None:
         """For ``writeStream.foreachBatch``: run one step (the micro-batch only triggers it).
 
         A failed step is retried at the next trigger (its state was reset, see :meth:`step`);
@@ -671,52 +667,30 @@ class MaterializedView:
                 return report
         raise RuntimeError(f"view {self.view.view_id!r} did not catch up in {max_steps} steps")
 
-    def start_stream(self, trigger_seconds: float = 2.0, checkpoint: str | None = None,
-                     before_step: Callable[[], None] | None = None,
-                     after_step: Callable[[], None] | None = None):
-        """A Structured Streaming query that runs a step every ``trigger_seconds``.
-
-        ``before_step`` runs before each step (operator requests), ``after_step`` after it, also
-        after a failed one (progress reports).
+    def start_stream(self, trigger_seconds: float = 2.0, before_step: Callable[[], None] | None = None,
+                     after_step: Callable[[], None] | None = None) -> StepLoop:
+        """Run a step every ``trigger_seconds`` on a thread of its own (a :class:`StepLoop`), as
+        :meth:`foreach_batch` does for a micro-batch: a failed step is retried at the next tick,
+        up to ``max_consecutive_failures``. ``before_step`` runs before each step (operator
+        requests), ``after_step`` after it, also after a failed one (progress reports).
         """
-        if checkpoint is None:  # the ticks' progress is of no use to another process: removed at the stop
-            checkpoint = self._ticks_checkpoint = tempfile.mkdtemp(prefix=f"mvsink-{self.view.view_id}-")
-        ticks = self.spark.readStream.format("rate").option("rowsPerSecond", 1).load()
-        self._stream_stopping = False
 
-        def on_batch(batch: DataFrame, batch_id: int) -> None:
-            with self._stream_gate:
-                if self._stream_stopping:
-                    return
-                if before_step is not None:
-                    before_step()
-                try:
-                    self.foreach_batch(batch, batch_id)
-                finally:
-                    if after_step is not None:
-                        after_step()
+        def tick(n: int) -> None:
+            if before_step is not None:
+                before_step()
+            try:
+                self.foreach_batch(None, n)
+            finally:
+                if after_step is not None:
+                    after_step()
 
-        return (
-            ticks.writeStream.foreachBatch(on_batch)
-            .trigger(processingTime=f"{trigger_seconds} seconds")
-            .option("checkpointLocation", storage.join(checkpoint, "ticks"))
-            .queryName(f"mvsink-{self.view.view_id}")
-            .start()
-        )
+        return StepLoop(self.spark, f"mvsink-{self.view.view_id}", trigger_seconds, tick)
 
-    def stop_stream(self, query, timeout_seconds: float = 60.0) -> None:
-        """Stop a query of :meth:`start_stream` between two steps: wait for the running step to
-        end (however busy the trigger is) and let no further step start, then stop the query.
-        A step still running after ``timeout_seconds`` is interrupted: a step stopped anywhere
-        loses nothing (see :meth:`step`). A ticks checkpoint :meth:`start_stream` made is removed."""
-        between_steps = self._stream_gate.acquire(timeout=timeout_seconds)
-        self._stream_stopping = True
-        if between_steps:
-            self._stream_gate.release()
-        query.stop()
-        if self._ticks_checkpoint is not None:
-            shutil.rmtree(self._ticks_checkpoint, ignore_errors=True)
-            self._ticks_checkpoint = None
+    def stop_stream(self, loop: StepLoop, timeout_seconds: float = 60.0) -> None:
+        """Stop a loop of :meth:`start_stream` between two steps: wait for the running step to end
+        and let no further step start. A step still running after ``timeout_seconds`` has its Spark
+        jobs cancelled: a step stopped anywhere loses nothing (see :meth:`step`)."""
+        loop.stop(timeout_seconds)
 
 
 def _commit_updates(desc: Description, corrections: DataFrame, corrections_since: int,

@@ -3,8 +3,9 @@
 A step runs its phases one after another on one thread, so the phases' seconds add up to at most
 the step's (the rest is bookkeeping between them). A phase may be entered several times in a step
 (a repair time reads the input twice); its seconds and jobs accumulate. Spark jobs are counted by
-a job tag per phase (``SparkContext.addJobTag``), which leaves the job group of a streaming query
-untouched, so stopping the query still cancels the step's jobs.
+a job tag per phase (``SparkContext.addJobTag``), beside the tag a :class:`~mvsink.step_loop.StepLoop`
+gives its thread's jobs (and a streaming query's job group), so stopping either still cancels the
+step's jobs.
 """
 
 from __future__ import annotations

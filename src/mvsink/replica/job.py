@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         failures = state.failures()
         if failures and not args.listen:
-            log.error("the view's query failed: %s", failures)
+            log.error("a view's steps failed: %s", failures)
             exit_code = 1
             break
         time.sleep(0.2)

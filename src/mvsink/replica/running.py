@@ -1,10 +1,10 @@
-"""One view as it runs at a replica: its sink state, its streaming query, its since.
+"""One view as it runs at a replica: its sink state, its step loop, its since.
 
 A :class:`RunningView` owns a :class:`~mvsink.sink.MaterializedView` (the correction buffer and
-the rest of the sink's state) and the Structured Streaming query that steps it. The query can be
-stopped and started again (a new trigger interval) without losing that state: nothing is
+the rest of the sink's state) and the :class:`~mvsink.step_loop.StepLoop` that steps it. The loop
+can be stopped and started again (a new trigger interval) without losing that state: nothing is
 re-hydrated. Compaction requested with :meth:`allow_compaction` runs at the start of a step, in
-the query's thread, so it never overlaps this replica's own append; it only runs once writes are
+the loop's thread, so it never overlaps this replica's own append; it only runs once writes are
 allowed (a read-only replica writes nothing) and only ever moves the since forward.
 """
 
@@ -26,7 +26,7 @@ class RunningView:
         self.view = view
         self.view_id = view.view.view_id
         self.on_progress = on_progress
-        self.query = None
+        self.loop = None
         #: The since this replica was allowed to compact to (at least as_of).
         self.since = view.view.as_of
         self._compact_to: int | None = None
@@ -34,31 +34,31 @@ class RunningView:
 
     @property
     def scheduled(self) -> bool:
-        return self.query is not None
+        return self.loop is not None
 
     def schedule(self, trigger_seconds: float) -> None:
-        if self.query is None:
-            self.query = self.view.start_stream(trigger_seconds, before_step=self._before_step,
+        if self.loop is None:
+            self.loop = self.view.start_stream(trigger_seconds, before_step=self._before_step,
                                                 after_step=lambda: self.on_progress(self))
-            log.info("view %s scheduled (query %s, every %.1fs)", self.view_id, self.query.id,
+            log.info("view %s scheduled (loop %s, every %.1fs)", self.view_id, self.loop.id,
                      trigger_seconds)
 
     def set_trigger(self, trigger_seconds: float) -> None:
-        """Run the query at a new interval: stop it between steps and start it again."""
-        if self.query is not None:
-            self.view.stop_stream(self.query)
-            self.query = None
+        """Step at a new interval: stop the loop between steps and start it again."""
+        if self.loop is not None:
+            self.view.stop_stream(self.loop)
+            self.loop = None
             self.schedule(trigger_seconds)
 
     def stop(self) -> None:
-        if self.query is not None:
-            self.view.stop_stream(self.query)
+        if self.loop is not None:
+            self.view.stop_stream(self.loop)
             log.info("view %s stopped", self.view_id)
 
     def failure(self) -> str | None:
-        """Why the view's query died, if it did."""
-        if self.query is not None and not self.query.isActive and self.query.exception() is not None:
-            return str(self.query.exception())
+        """Why the view's step loop ended, if it did (a step failed too often in a row)."""
+        if self.loop is not None and not self.loop.isActive and self.loop.exception() is not None:
+            return str(self.loop.exception())
         return None
 
     def allow_compaction(self, frontier: int) -> None:
@@ -95,7 +95,7 @@ class RunningView:
             "frontier": self.view.frontier(),
             "since": self.since,
             "scheduled": self.scheduled,
-            "query_id": str(self.query.id) if self.query is not None else None,
+            "loop_id": str(self.loop.id) if self.loop is not None else None,
             "hydrations": self.view.hydrations,
             "steps": self.view.steps,
             "read_only": self.view.read_only,

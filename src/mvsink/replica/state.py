@@ -404,7 +404,7 @@ class ComputeState:
         return {view_id: f for view_id, running in list(self.views.items()) if (f := running.view.fenced)}
 
     def failures(self) -> dict[str, str]:
-        """Views whose query died, and why."""
+        """Views whose step loop ended on a failure, and why."""
         return {view_id: f for view_id, running in list(self.views.items())
                 if (f := running.failure()) is not None}
 
