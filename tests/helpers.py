@@ -137,10 +137,7 @@ def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, e
     down: tuple[Replica, int, float] | None = None  # the victim, the others' data commits then, when
     n = done = 0
     while n < commits or done < restarts or down:
-        for replica in fleet:
-            if not replica.alive() and (down is None or replica is not down[0]):
-                raise AssertionError(f"replica {replica.replica_id} exited during the edits:\n"
-                                     + replica.logs()[-4000:])
+        fail_if_exited([r for r in fleet if down is None or r is not down[0]], "the edits")
         if down and time.monotonic() - down[2] > takeover_timeout:
             raise AssertionError(f"no replica took over from {down[0].replica_id} in {takeover_timeout}s "
                                  f"({n} edits); the others' last lines:\n" + "\n".join(
@@ -184,6 +181,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def fail_if_exited(replicas, during: str) -> None:
+    """Fail with its log's end if one of ``replicas`` has exited (``during`` says when)."""
+    for replica in replicas:
+        if not replica.alive():
+            raise AssertionError(f"replica {replica.replica_id} exited during {during}:\n" + replica.logs()[-4000:])
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition",
              watch: tuple["Replica", ...] = ()):
     """Wait until ``predicate()`` is true; fail at once if a watched replica has exited."""
@@ -192,10 +196,7 @@ def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "cond
         value = predicate()
         if value:
             return value
-        for replica in watch:
-            if not replica.alive():
-                raise AssertionError(f"replica {replica.replica_id} exited while waiting for {what}:\n"
-                                     + replica.logs()[-4000:])
+        fail_if_exited(watch, f"the wait for {what}")
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
