@@ -233,6 +233,33 @@ def generate(scale: float, tables: tuple[str, ...], directory: str) -> None:
                    check=True)
 
 
+def load(spark, scale: float, tables: tuple[str, ...], workdir: str, string_keys: bool, query: str
+         ) -> tuple[dict[str, str], dict[str, int]]:
+    """``tables`` at ``scale`` generated and loaded into Delta tables under ``workdir`` (change data
+    feed on, laid out by key: see the module doc); their paths and row counts, printed."""
+    from pyspark.sql import functions as F
+
+    raw = os.path.join(workdir, "raw")
+    started = time.monotonic()
+    generate(scale, tables, raw)
+    generated = time.monotonic() - started
+    sources = {name: os.path.join(workdir, name) for name in tables}
+    started = time.monotonic()
+    for name in tables:
+        column, files = TABLES[name]
+        rows = spark.read.parquet(os.path.join(raw, f"{name}.parquet"))
+        if string_keys:
+            rows = rows.select(*(as_key_string(F.col(c)).alias(c) if c in STRING_KEYS else c for c in rows.columns))
+        (rows.repartitionByRange(max(1, int(files * scale)), column).sortWithinPartitions(column)
+         .write.format("delta").option("delta.enableChangeDataFeed", "true")
+         .option("delta.enableDeletionVectors", "false").save(sources[name]))
+    loaded = time.monotonic() - started
+    sizes = {name: spark.read.format("delta").load(path).count() for name, path in sources.items()}
+    print(f"TPC-H scale {scale}, {query}: {', '.join(f'{n} {c:,} rows' for n, c in sizes.items())} "
+          f"(generated in {generated:.1f}s, loaded into Delta in {loaded:.1f}s)", flush=True)
+    return sources, sizes
+
+
 def refresh(spark, sources: dict[str, str], round_: int, new_orders: int, deleted_orders: int,
             orders_count: int, moved_customers: float = 0.0) -> int:
     """One round of refreshes: ``new_orders`` orders copied (spread over the key space) with keys
@@ -279,7 +306,6 @@ def refresh(spark, sources: dict[str, str], round_: int, new_orders: int, delete
 
 def run(args, workdir: str) -> int:
     from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
 
     from mvsink import MaterializedView, SnapshotInput, ViewDefinition
     from mvsink.target.read import read_view
@@ -290,24 +316,7 @@ def run(args, workdir: str) -> int:
     if args.spark_work:
         os.makedirs(event_log)
     spark = spark_session("mvsink-bench-tpch", event_log_conf(event_log) if args.spark_work else None)
-    raw = os.path.join(workdir, "raw")
-    started = time.monotonic()
-    generate(args.scale, tables, raw)
-    generated = time.monotonic() - started
-    sources = {name: os.path.join(workdir, name) for name in tables}
-    started = time.monotonic()
-    for name in tables:
-        column, files = TABLES[name]
-        rows = spark.read.parquet(os.path.join(raw, f"{name}.parquet"))
-        if args.string_keys:
-            rows = rows.select(*(as_key_string(F.col(c)).alias(c) if c in STRING_KEYS else c for c in rows.columns))
-        (rows.repartitionByRange(max(1, int(files * args.scale)), column).sortWithinPartitions(column)
-         .write.format("delta").option("delta.enableChangeDataFeed", "true")
-         .option("delta.enableDeletionVectors", "false").save(sources[name]))
-    loaded = time.monotonic() - started
-    sizes = {name: spark.read.format("delta").load(path).count() for name, path in sources.items()}
-    print(f"TPC-H scale {args.scale}, {args.query}: {', '.join(f'{n} {c:,} rows' for n, c in sizes.items())} "
-          f"(generated in {generated:.1f}s, loaded into Delta in {loaded:.1f}s)", flush=True)
+    sources, sizes = load(spark, args.scale, tables, workdir, args.string_keys, args.query)
 
     def query():
         session = spark.newSession()
@@ -383,7 +392,9 @@ def run(args, workdir: str) -> int:
             times[name].append(time.monotonic() - started)
         print(f"round {round_}: +{new_orders:,} orders, -{deleted_orders:,} orders (keys <= {oldest if isinstance(oldest, str) else f'{oldest:,}'}); "
               + ", ".join(f"{n} {t[-1]:.2f}s" for n, t in times.items())
-              + f"\n  mvsink by {', '.join(r.strategy or '-' for r in reports)} ({len(reports)} steps): {phases}"
+              + f"\n  mvsink by {', '.join(r.strategy or '-' for r in reports)} ({len(reports)} steps"
+              + "".join(f", change {r.change_share:.2%} of the sources" for r in reports if r.change_share is not None)
+              + f"): {phases}"
               + f"\n  mvsink read: {reads or 'no Delta scan'}", flush=True)
 
     hashes = {name: fingerprint(read_view(spark, each.view.target, args.query), columns)

@@ -212,6 +212,8 @@ def test_explain_says_the_strategy_of_a_view_and_why(spark, tmp_path, capsys):
     code, out = explain(JOIN)
     assert code == 0 and f"view v: key (id) -> {tmp_path}/target, refresh auto" in out, out
     assert "its query is an inner join" in out and "(customers.cust = orders.cust)" in out, out
+    assert "under refresh auto, a step is evaluated in full instead when its change passes 5% of its sources' " \
+           "bytes per time" in out, out
     left = "SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust < c.cust"  # no key
     code, out = explain(left)
     assert code == 0 and "evaluated in full at each time (it has a LeftOuter Join with no key" in out, out

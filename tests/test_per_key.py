@@ -481,10 +481,11 @@ def test_refresh_auto_switching_to_full_evaluation_and_back_stays_exact(spark, t
     (the aggregate's: its groups' state, not evaluated again); at every time the view equals the
     full evaluation."""
     from mvsink.desired import snapshot
-    from mvsink.desired.refresh import AutoRefresh
+    from mvsink.desired.refresh import AutoRefresh, Fallback
 
     choice = random.Random(7)
-    monkeypatch.setattr(AutoRefresh, "takes_full", lambda self: choice.random() < 0.5)
+    monkeypatch.setattr(AutoRefresh, "full_instead", lambda self, size, times: (
+        Fallback("cost", "chosen at random") if choice.random() < 0.5 else None))
     evaluated, result_at = [], snapshot.SnapshotDesired._result_at
     monkeypatch.setattr(snapshot.SnapshotDesired, "_result_at", lambda self, time: (
         evaluated.append(time) if self.view.view_id == "maintained" else None, result_at(self, time))[1])

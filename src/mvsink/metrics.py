@@ -48,6 +48,12 @@ METRICS = {
     "mvsink_steps_by_strategy_total": ("counter", "Steps that computed changes of the view, by how (row-wise, linear "
                                                   "aggregate, per-group recompute, per-key recompute, inner join, "
                                                   "union all, change feed, full evaluation, hydration)."),
+    "mvsink_steps_evaluated_in_full_total": ("counter", "Steps of a query view that evaluated the query in full, by why "
+                                                        "(policy: refresh full; query: no strategy maintains it; change "
+                                                        "share, cost: refresh auto's choice; unreadable: the sources' "
+                                                        "changes cannot be read)."),
+    "mvsink_change_share": ("gauge", "The last step's change of a query view against its sources, as a fraction of their "
+                                     "bytes (absent until known)."),
     "mvsink_hydrating": ("gauge", "1 while a hydration runs."),
     "mvsink_hydration_started_seconds": ("gauge", "Unix time the running hydration started (0: none runs)."),
     "mvsink_hydration_elapsed_seconds": ("gauge", "Seconds the running hydration has taken so far (0: none runs)."),
@@ -73,6 +79,8 @@ class ViewMetrics:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     phase_spark_jobs: dict[str, int] = field(default_factory=dict)
     strategy_steps: dict[str, int] = field(default_factory=dict)
+    full_steps: dict[str, int] = field(default_factory=dict)
+    change_share: float | None = None
     _errors: int = 0
     _errors_of: tuple[str, ...] = ()
 
@@ -97,6 +105,10 @@ class ViewMetrics:
             self.phase_spark_jobs[phase] = self.phase_spark_jobs.get(phase, 0) + report.spark_jobs.get(phase, 0)
         if report.strategy:
             self.strategy_steps[report.strategy] = self.strategy_steps.get(report.strategy, 0) + 1
+        if report.fallback is not None:
+            self.full_steps[report.fallback.kind] = self.full_steps.get(report.fallback.kind, 0) + 1
+        if report.change_share is not None:
+            self.change_share = report.change_share
         if report.appended is True:
             self.commits_won += 1
             self.repairs += report.repairs
@@ -131,6 +143,11 @@ def render(views: dict) -> str:
         for strategy, steps in sorted(m.strategy_steps.items()):
             samples["mvsink_steps_by_strategy_total"].append(
                 f'mvsink_steps_by_strategy_total{{{labels},strategy="{strategy}"}} {steps}')
+        for kind, steps in sorted(m.full_steps.items()):
+            samples["mvsink_steps_evaluated_in_full_total"].append(
+                f'mvsink_steps_evaluated_in_full_total{{{labels},reason="{kind}"}} {steps}')
+        if m.change_share is not None:
+            samples["mvsink_change_share"].append(f"mvsink_change_share{{{labels}}} {m.change_share:.6g}")
         for source, (lag, seconds) in source_lag(mv.view.sources, mv.timeline.last()).items():
             source_labels = f'{labels},source="{source}"'
             samples["mvsink_source_lag_versions"].append(f"mvsink_source_lag_versions{{{source_labels}}} {lag}")

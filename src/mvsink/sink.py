@@ -67,6 +67,7 @@ from mvsink.definition import definition_id
 from mvsink.desired.changes import Changes
 from mvsink.desired.choose import desired_for
 from mvsink.desired.hydration import Hydration
+from mvsink.desired.refresh import Fallback
 from mvsink.desired.key_check import KeyErrors, KeyRanges, unique_keys, unique_keys_by_shuffle
 from mvsink.target.layout import META_ERRORS, TABLE
 from mvsink.metrics import ViewMetrics
@@ -127,6 +128,11 @@ class StepReport:
     #: The Delta scans the step's changes read (:attr:`mvsink.desired.changes.Changes.reads`: the
     #: files of each other side of a join read, of all), where known.
     reads: tuple = ()
+    #: A query view's change against its sources (:attr:`mvsink.desired.changes.Changes.change_share`:
+    #: their bytes), where known; and why the step evaluated the query in full
+    #: (:class:`~mvsink.desired.refresh.Fallback`), None if it did not.
+    change_share: float | None = None
+    fallback: Fallback | None = None
 
     def __str__(self) -> str:
         appended = {None: "no append", True: "won", False: "lost"}[self.appended]
@@ -138,6 +144,8 @@ class StepReport:
                 f"{self.corrections} corrections, batch {desc} {appended} ({self.files} files"
                 f"{f', {self.repairs} repairs' if self.repairs else ''}) in {self.seconds:.2f}s"
                 f"{f' by {self.strategy}' if self.strategy else ''}"
+                f"{f' ({self.fallback})' if self.fallback else ''}"
+                f"{f', change {self.change_share:.3%} of the sources' if self.change_share is not None else ''}"
                 f"{' reading ' + ', '.join(map(str, self.reads)) if self.reads else ''}: {phases}")
 
 
@@ -288,6 +296,7 @@ class MaterializedView:
         self._profile = profile = StepProfile(self.spark)
         self._strategy: str | None = None
         self._reads: tuple = ()
+        self._change_share, self._fallback = None, None
         minted = None
         try:
             persisted, minted = self._reconcile()
@@ -310,7 +319,8 @@ class MaterializedView:
                 corrections = self.correction.count()
             report = StepReport(persisted.version, persisted.upper, self.desired_frontier, corrections,
                                 timeline_upper=self.timeline.upper, minted_time=minted, desc=desc,
-                                strategy=self._strategy, reads=self._reads)
+                                strategy=self._strategy, reads=self._reads, change_share=self._change_share,
+                                fallback=self._fallback)
             if self.hydration.running:
                 self.hydration.finish(corrections)
                 self.desired.hydrated(self.hydration.last_seconds)
@@ -425,6 +435,7 @@ class MaterializedView:
             self.desired_frontier = upper
             if desired is not None:
                 self._strategy, self._reads = desired.strategy, desired.reads
+                self._change_share, self._fallback = desired.change_share, desired.fallback
         return desired
 
     def _fold(self, persisted_updates: DataFrame | None, desired: Changes | DataFrame | None, persisted,

@@ -23,6 +23,7 @@ from pyspark.sql import types as T
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.join import is_ranged, ranges_of
 from mvsink.desired.key_check import key_count_change
+from mvsink.desired.refresh import Fallback
 from mvsink.desired.row_wise import TABLE_SCAN, scala_items
 from mvsink.table import change_data_bytes
 from mvsink.updates import consolidate
@@ -66,6 +67,11 @@ class Changes:
     #: The files of Delta tables the job that held them scanned (:func:`delta_reads`; the other
     #: sides of a join), where known.
     reads: tuple[SourceRead, ...] = ()
+    #: The change's bytes over the sources' bytes (a query view's,
+    #: :mod:`mvsink.desired.change_size`), where known.
+    change_share: float | None = None
+    #: Why a query view's changes are a ``full evaluation`` (None: they are not).
+    fallback: Fallback | None = None
 
 
 @dataclass(frozen=True)

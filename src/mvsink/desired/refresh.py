@@ -12,9 +12,11 @@ cannot be maintained, naming the first operator of its plan that none of those s
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
 
+from mvsink.desired.change_size import ChangeSize
 from mvsink.desired.join import INNER_JOINS
 from mvsink.desired.row_wise import plan_reads_subqueries
 
@@ -24,12 +26,29 @@ _MAINTAINED = frozenset({"Project", "Filter", "Join", "Union", "Aggregate"})
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Fallback:
+    """Why a step of a query view evaluated the query in full: ``kind`` one of ``policy`` (refresh
+    full), ``query`` (no strategy maintains it), ``change share`` and ``cost`` (``auto``'s choice),
+    ``unreadable`` (the sources' changes cannot be read); ``why`` in words."""
+
+    kind: str
+    why: str
+
+    def __str__(self) -> str:
+        return self.why
+
+
 class AutoRefresh:
     """Under ``auto``, for a maintained query: whether a step evaluates it in full instead, from
     what each way cost per time when last taken (seconds of the step's input, for each time it
     covers; a full evaluation that had to evaluate the time before as well counts it too).
 
-    The maintained strategy is taken until one of its steps costs more per time than a full
+    Before a step, the size of its change decides: a change whose share of the sources' bytes per
+    time (:mod:`mvsink.desired.change_size`) passes :data:`CHANGE_SHARE`, of sources of at least
+    :data:`SHARE_MIN_BYTES`, is evaluated in full at once, without paying for the maintained step first (the share at which full evaluation became
+    cheaper, measured: ``benchmarks/bench_crossover.py``). Otherwise the costs decide: the
+    maintained strategy is taken until one of its steps costs more per time than a full
     evaluation (the last one measured, or before any, the view's hydration: the query evaluated
     whole and folded into the buffer, at least one evaluation) and more than :data:`FLOOR` (below
     it there is little to save, and a step's cost is mostly noise). Then full evaluation is taken
@@ -41,6 +60,11 @@ class AutoRefresh:
     RETRY = 10
     #: Seconds per time a maintained step may take without being weighed against full evaluation.
     FLOOR = 5.0
+    #: The change's share of the sources' bytes per time above which a step is evaluated in full,
+    #: where the sources hold at least :data:`SHARE_MIN_BYTES` (below, a full evaluation costs
+    #: little, and a small table's share is mostly its files' fixed overhead).
+    CHANGE_SHARE = 0.05
+    SHARE_MIN_BYTES = 64 << 20
 
     def __init__(self, view_id: str):
         self.view_id = view_id
@@ -59,12 +83,21 @@ class AutoRefresh:
         return (self.maintained is not None and self.full is not None
                 and self.maintained > max(self.full, self.FLOOR))
 
-    def takes_full(self) -> bool:
-        """Whether the next step evaluates the query in full (counting it, for the retries)."""
+    def full_instead(self, size: ChangeSize | None, times: int) -> Fallback | None:
+        """Why the next step evaluates the query in full instead of maintaining it, given its
+        change's size over ``times`` times (None: not known); None where it maintains it. A step
+        taken in full by its costs is counted, for the retries."""
+        share = size.share / max(1, times) if size is not None and size.sources >= self.SHARE_MIN_BYTES else 0.0
+        if share > self.CHANGE_SHARE:
+            return Fallback("change share", f"its change is {share:.1%} of its sources' bytes per time, above "
+                                            f"auto's {self.CHANGE_SHARE:.0%}")
         if not self._full_cheaper:
-            return False
+            return None
         self._full_steps += 1
-        return self._full_steps % self.RETRY != 0
+        if self._full_steps % self.RETRY == 0:
+            return None
+        return Fallback("cost", f"full evaluation was cheaper ({self.full:.2f}s per time, maintained "
+                                f"{self.maintained:.2f}s)")
 
     def observed(self, full: bool, seconds: float, evaluations: int) -> None:
         """A step took ``seconds`` for ``evaluations`` times (full: evaluations of the query)."""

@@ -50,7 +50,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field, replace
-from functools import reduce
+from functools import cached_property, reduce
 from time import monotonic
 
 import pyarrow as pa
@@ -61,6 +61,7 @@ from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.change_feed import source_changes
+from mvsink.desired.change_size import ChangeSize, change_size, source_bytes
 from mvsink.desired.aggregate_top import RowWiseTop, aggregate_groups
 from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small,
                                     held_changes, touched_ranges, unreadable)
@@ -73,7 +74,7 @@ from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggre
 from mvsink.desired.listed_files import add_actions, files_in_ranges, prunes, read_files, readable
 from mvsink.desired.outer_join import inner_joined
 from mvsink.desired.per_group import PerGroup, holding_rows_of, in_groups, per_group
-from mvsink.desired.refresh import AutoRefresh, unmaintained_operator
+from mvsink.desired.refresh import AutoRefresh, Fallback, unmaintained_operator
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 from mvsink.desired.sources import Desired
 from mvsink.table import spark_uri
@@ -254,7 +255,16 @@ class SnapshotDesired(Desired):
 
     def strategy_description(self) -> str:
         """The strategy the view's changes get and why, in words (logged at start, and shown
-        by ``mvsink explain``)."""
+        by ``mvsink explain``), with when ``auto`` evaluates a maintained query in full instead."""
+        described = self._shape_words()
+        if self.auto is None:
+            return described
+        return (f"{described}; under refresh auto, a step is evaluated in full instead when its change passes "
+                f"{AutoRefresh.CHANGE_SHARE:.0%} of its sources' bytes per time, or when full evaluation was cheaper "
+                f"(and the maintained step took more than {AutoRefresh.FLOOR:.0f}s per time)")
+
+    def _shape_words(self) -> str:
+        """The strategy the query's shape gets and why, in words."""
         if self.row_wise:
             return "its query is row-wise: its changes are the query over the source's changes"
         if self.aggregate is not None and self.per_group is not None and self.per_group.whole:
@@ -340,9 +350,15 @@ class SnapshotDesired(Desired):
 
     def _why_full(self) -> str:
         """Why the query is evaluated in full: its policy, or what stops every strategy."""
+        return self._full_reason.why
+
+    @cached_property
+    def _full_reason(self) -> Fallback:
+        """Why a step evaluates the query in full where ``auto`` did not choose it: its policy, or
+        what stops every strategy (read off its plan once)."""
         if self.input.refresh == "full":
-            return "refresh full"
-        return f"it has {unmaintained_operator(self._contents(self.schema_versions()))}"
+            return Fallback("policy", "refresh full")
+        return Fallback("query", f"it has {unmaintained_operator(self._contents(self.schema_versions()))}")
 
     def _apply_refresh_policy(self) -> None:
         """``full``: no strategy but full evaluation; ``incremental``: a query that none maintains
@@ -504,27 +520,51 @@ class SnapshotDesired(Desired):
                                else ("union all" if self._no_rows else "inner join", self._join_changes) if self.join
                                else (self.per_group.strategy, self._per_group_changes) if self.per_group is not None
                                else (None, None))
-        if from_feed is not None and not (self.auto is not None and self.auto.takes_full()):
+        size = self._change_size(times) if from_feed is not None else None
+        share = size.share if size is not None else None
+        fallback = self.auto.full_instead(size, len(times)) if self.auto is not None else None
+        if from_feed is not None and fallback is None:
             started, self._setup_seconds = monotonic(), 0.0
             try:
-                changes = replace(from_feed(times), strategy=strategy)
+                changes = replace(from_feed(times), strategy=strategy, change_share=share)
             except Exception as exc:
                 reason = unreadable(exc)
                 if reason is None:
                     raise
-                log.warning("view %r: the changes of its sources cannot be read for times %d..%d "
-                            "(%s); evaluating the query at each time instead", self.view.view_id, lo, hi,
-                            reason)
+                fallback = Fallback("unreadable", f"the changes of its sources cannot be read ({reason})")
             else:
                 if self.auto is not None:
                     self.auto.observed(False, monotonic() - started - self._setup_seconds, len(times))
                 return changes
+        if fallback is None:
+            fallback = self._full_reason
+        if fallback.kind in ("unreadable", "change share"):
+            log.warning("view %r: times %d..%d evaluated in full: %s", self.view.view_id, lo, hi, fallback)
         started = monotonic()
         changes, evaluations = self._recomputed_changes(times)
-        changes = replace(changes, strategy="full evaluation")
+        changes = replace(changes, strategy="full evaluation", change_share=share, fallback=fallback)
         if self.auto is not None:
             self.auto.observed(True, monotonic() - started, evaluations)
         return changes
+
+    def _change_size(self, times: list[int]) -> ChangeSize | None:
+        """The change at ``times`` in bytes against the sources' bytes after it (:mod:`~mvsink.desired.change_size`),
+        the sources' sizes from the add actions a join's other sides are listed by where delta-rs
+        lists them (:meth:`_listed` uses them again; those of versions below the step's are dropped)."""
+        before, after = self.timeline.versions(times[0] - 1), self.timeline.versions(times[-1])
+        self._add_actions = {(name, version): actions for (name, version), actions in self._add_actions.items()
+                             if version >= before[name]}
+
+        def size(name: str, version: int) -> int | None:
+            if (name, version) not in self._add_actions:
+                self._add_actions[name, version] = add_actions(self.sources[name], version)
+            actions = self._add_actions[name, version]
+            if actions is None:
+                return source_bytes(self.sources[name], version)
+            return sum(size or 0 for size in actions.column("size_bytes").to_pylist())
+
+        moved = {name: (before[name] + 1, after[name]) for name in self.read if after[name] > before[name]}
+        return change_size(self.sources, moved, {name: after[name] for name in self.read}, size)
 
     def hydrated(self, seconds: float) -> None:
         if self.auto is not None:
@@ -578,8 +618,6 @@ class SnapshotDesired(Desired):
         before = self.timeline.versions(times[0] - 1)
         self._pinned_reads = {(name, version): rows for (name, version), rows in self._pinned_reads.items()
                               if version >= before[name]}
-        self._add_actions = {(name, version): actions for (name, version), actions in self._add_actions.items()
-                             if version >= before[name]}
         for name in self.read:
             if all(self.timeline.versions(t - 1)[name] == self.timeline.versions(t)[name] for t in times):
                 continue
