@@ -8,7 +8,7 @@ each, in the same run, each contender brings its table up to date:
 
 * mvsink ``refresh: incremental`` (its maintained strategy at every size);
 * mvsink ``refresh: full`` (the query evaluated at every time, diffed with the last result);
-* mvsink ``refresh: auto`` (the default: what it chose is printed);
+* mvsink ``refresh: auto`` (the default: what it chose is printed, and why where it evaluated in full);
 * overwrite (for scale).
 
 Per size it prints the median round of each, the change share that ``auto`` weighs
@@ -50,7 +50,7 @@ def main() -> int:
 
 def run(args, workdir: str) -> int:
     from mvsink import MaterializedView, SnapshotInput, ViewDefinition
-    from mvsink.desired.change_size import change_share
+    from mvsink.desired.change_size import change_size
     from mvsink.spark import spark_session
     from mvsink.table import latest_version
     from mvsink.target.read import read_view
@@ -83,14 +83,15 @@ def run(args, workdir: str) -> int:
             before = {name: latest_version(path) for name, path in sources.items()}
             refresh(spark, sources, round_, changed, changed, orders)
             after = {name: latest_version(path) for name, path in sources.items()}
-            shares.append(change_share(sources, {n: (before[n] + 1, after[n]) for n in after if after[n] > before[n]},
-                                       after))
+            size = change_size(sources, {n: (before[n] + 1, after[n]) for n in after if after[n] > before[n]}, after)
+            shares.append(size.share if size is not None else None)
             for policy, view in views.items():
                 started = time.monotonic()
                 reports = caught_up(view)
                 times[policy].append(time.monotonic() - started)
                 if policy == "auto":
-                    chosen += [r.strategy for r in reports if r.strategy]
+                    chosen += [f"{r.strategy} ({r.fallback.kind})" if r.fallback else r.strategy
+                               for r in reports if r.strategy]
             started = time.monotonic()
             query().write.format("delta").mode("overwrite").save(overwritten)
             times["overwrite"].append(time.monotonic() - started)

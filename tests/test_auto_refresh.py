@@ -64,21 +64,25 @@ def test_a_later_hydration_does_not_replace_a_measured_full_evaluation():
 
 
 def test_a_change_above_the_share_is_evaluated_in_full_before_any_cost_is_known():
-    auto = AutoRefresh("v")
-    fallback = auto.full_instead(_size(2 * AutoRefresh.CHANGE_SHARE), 1)
+    auto, limit = AutoRefresh("v", 3), AutoRefresh.JOIN_SHARE
+    fallback = auto.full_instead(_size(2 * limit), 1)
     assert fallback is not None and fallback.kind == "change share", fallback
-    assert f"{2 * AutoRefresh.CHANGE_SHARE:.1%} of its sources' bytes" in fallback.why, fallback.why
-    assert auto.full_instead(_size(AutoRefresh.CHANGE_SHARE), 1) is None, "at the share: maintained"
-    assert auto.full_instead(_size(2 * AutoRefresh.CHANGE_SHARE), 2) is None, "over two times: the share per time"
+    assert f"{2 * limit:.1%} of its sources' bytes" in fallback.why, fallback.why
+    assert auto.full_instead(_size(limit), 1) is None, "at the share: maintained"
+    assert auto.full_instead(_size(2 * limit), 2) is None, "over two times: the share per time"
     assert auto.full_instead(_size(0.9, _LARGE - 1), 1) is None, "small sources: their share does not count"
     assert auto.full_instead(None, 1) is None, "size not known: the costs decide, none measured"
+    one = AutoRefresh("v", 1)
+    assert AutoRefresh.ONE_SOURCE_SHARE > limit and one.share_limit == AutoRefresh.ONE_SOURCE_SHARE
+    assert one.full_instead(_size(2 * limit), 1) is None, "over one source, a step reads only its change"
+    assert one.full_instead(_size(1.0), 1).kind == "change share"
 
 
 def test_a_small_change_still_falls_back_by_cost_and_a_large_one_leaves_the_retries_alone():
     auto = AutoRefresh("v")
     auto.hydrated(4.0)
     auto.observed(False, 2 * AutoRefresh.FLOOR, 1)
-    fallback = auto.full_instead(_size(AutoRefresh.CHANGE_SHARE / 10), 1)
+    fallback = auto.full_instead(_size(AutoRefresh.ONE_SOURCE_SHARE / 10), 1)
     assert fallback is not None and fallback.kind == "cost", fallback
     assert "4.00s per time, maintained 10.00s" in fallback.why, fallback.why
     # large changes are taken in full without counting towards the retry of the maintained strategy
@@ -101,7 +105,7 @@ def test_a_large_change_under_auto_is_evaluated_in_full_says_why_and_the_next_sm
     from mvsink.metrics import render
 
     monkeypatch.setattr(AutoRefresh, "SHARE_MIN_BYTES", 0)
-    monkeypatch.setattr(AutoRefresh, "CHANGE_SHARE", 0.5)
+    monkeypatch.setattr(AutoRefresh, "JOIN_SHARE", 0.5)
     maintained, from_feed = [], snapshot.SnapshotDesired._aggregate_changes
     monkeypatch.setattr(snapshot.SnapshotDesired, "_aggregate_changes",
                         lambda self, times: (maintained.append(times), from_feed(self, times))[1])

@@ -45,9 +45,13 @@ class AutoRefresh:
     covers; a full evaluation that had to evaluate the time before as well counts it too).
 
     Before a step, the size of its change decides: a change whose share of the sources' bytes per
-    time (:mod:`mvsink.desired.change_size`) passes :data:`CHANGE_SHARE`, of sources of at least
-    :data:`SHARE_MIN_BYTES`, is evaluated in full at once, without paying for the maintained step first (the share at which full evaluation became
-    cheaper, measured: ``benchmarks/bench_crossover.py``). Otherwise the costs decide: the
+    time (:mod:`mvsink.desired.change_size`) passes the view's :attr:`share_limit`, of sources of
+    at least :data:`SHARE_MIN_BYTES`, is evaluated in full at once, without paying for the
+    maintained step first. The limit is where full evaluation became cheaper, measured
+    (``benchmarks/bench_crossover.py``): for a query over several sources (:data:`JOIN_SHARE`: a
+    join's change also reads the other sides where it joins them, more of them as it grows), and
+    over one (:data:`ONE_SOURCE_SHARE`: a step reads the change, and for a per-group recompute its
+    groups' rows). Otherwise the costs decide: the
     maintained strategy is taken until one of its steps costs more per time than a full
     evaluation (the last one measured, or before any, the view's hydration: the query evaluated
     whole and folded into the buffer, at least one evaluation) and more than :data:`FLOOR` (below
@@ -61,13 +65,17 @@ class AutoRefresh:
     #: Seconds per time a maintained step may take without being weighed against full evaluation.
     FLOOR = 5.0
     #: The change's share of the sources' bytes per time above which a step is evaluated in full,
-    #: where the sources hold at least :data:`SHARE_MIN_BYTES` (below, a full evaluation costs
-    #: little, and a small table's share is mostly its files' fixed overhead).
-    CHANGE_SHARE = 0.05
+    #: for a query over several sources and over one, where the sources hold at least
+    #: :data:`SHARE_MIN_BYTES` (below, a full evaluation costs little, and a small table's share
+    #: is mostly its files' fixed overhead).
+    JOIN_SHARE = 0.05
+    ONE_SOURCE_SHARE = 0.25
     SHARE_MIN_BYTES = 64 << 20
 
-    def __init__(self, view_id: str):
+    def __init__(self, view_id: str, sources: int = 1):
         self.view_id = view_id
+        #: The share above which this view's steps are evaluated in full (the query reads ``sources``).
+        self.share_limit = self.JOIN_SHARE if sources > 1 else self.ONE_SOURCE_SHARE
         #: Seconds per time of the last maintained step and of the last full evaluation (or hydration).
         self.maintained: float | None = None
         self.full: float | None = None
@@ -88,9 +96,9 @@ class AutoRefresh:
         change's size over ``times`` times (None: not known); None where it maintains it. A step
         taken in full by its costs is counted, for the retries."""
         share = size.share / max(1, times) if size is not None and size.sources >= self.SHARE_MIN_BYTES else 0.0
-        if share > self.CHANGE_SHARE:
+        if share > self.share_limit:
             return Fallback("change share", f"its change is {share:.1%} of its sources' bytes per time, above "
-                                            f"auto's {self.CHANGE_SHARE:.0%}")
+                                            f"auto's {self.share_limit:.0%}")
         if not self._full_cheaper:
             return None
         self._full_steps += 1

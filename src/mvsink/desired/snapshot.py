@@ -215,7 +215,7 @@ class SnapshotDesired(Desired):
             over_held = self.aggregate.core(over_held)  # its joins' keys are its core's
         self._apply_refresh_policy()
         #: Under ``auto``, whether a step of a maintained query evaluates it in full instead (None: no choice).
-        self.auto = (AutoRefresh(view.view_id) if self.input.refresh == "auto" and self._maintained and not self.row_wise
+        self.auto = (AutoRefresh(view.view_id, len(self.read)) if self.input.refresh == "auto" and self._maintained and not self.row_wise
                      else None)
         #: For a join (or an aggregate over one): per source, the other sources it equals columns
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
@@ -260,7 +260,7 @@ class SnapshotDesired(Desired):
         if self.auto is None:
             return described
         return (f"{described}; under refresh auto, a step is evaluated in full instead when its change passes "
-                f"{AutoRefresh.CHANGE_SHARE:.0%} of its sources' bytes per time, or when full evaluation was cheaper "
+                f"{self.auto.share_limit:.0%} of its sources' bytes per time, or when full evaluation was cheaper "
                 f"(and the maintained step took more than {AutoRefresh.FLOOR:.0f}s per time)")
 
     def _shape_words(self) -> str:
