@@ -48,12 +48,12 @@ METRICS = {
     "mvsink_steps_by_strategy_total": ("counter", "Steps that computed changes of the view, by how (row-wise, linear "
                                                   "aggregate, per-group recompute, per-key recompute, inner join, "
                                                   "union all, change feed, full evaluation, hydration)."),
-    "mvsink_steps_evaluated_in_full_total": ("counter", "Steps of a query view that evaluated the query in full, by why "
-                                                        "(policy: refresh full; query: no strategy maintains it; change "
-                                                        "share, cost: refresh auto's choice; unreadable: the sources' "
-                                                        "changes cannot be read)."),
-    "mvsink_change_share": ("gauge", "The last step's change of a query view against its sources, as a fraction of their "
-                                     "bytes (absent until known)."),
+    "mvsink_steps_evaluated_in_full_total": ("counter", "Steps of a query view that evaluated the query in full, "
+                                                        "by why (policy: refresh full; query: no strategy maintains "
+                                                        "it; change share, cost: refresh auto's choice; unreadable: "
+                                                        "the sources' changes cannot be read)."),
+    "mvsink_change_share": ("gauge", "The last step's change of a query view against its sources, as a fraction of "
+                                     "their bytes (absent until known)."),
     "mvsink_hydrating": ("gauge", "1 while a hydration runs."),
     "mvsink_hydration_started_seconds": ("gauge", "Unix time the running hydration started (0: none runs)."),
     "mvsink_hydration_elapsed_seconds": ("gauge", "Seconds the running hydration has taken so far (0: none runs)."),

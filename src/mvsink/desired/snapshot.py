@@ -214,9 +214,9 @@ class SnapshotDesired(Desired):
         elif self.aggregate is not None:
             over_held = self.aggregate.core(over_held)  # its joins' keys are its core's
         self._apply_refresh_policy()
+        weighed = self.input.refresh == "auto" and self._maintained and not self.row_wise
         #: Under ``auto``, whether a step of a maintained query evaluates it in full instead (None: no choice).
-        self.auto = (AutoRefresh(view.view_id, len(self.read)) if self.input.refresh == "auto" and self._maintained and not self.row_wise
-                     else None)
+        self.auto = AutoRefresh(view.view_id, len(self.read)) if weighed else None
         #: For a join (or an aggregate over one): per source, the other sources it equals columns
         #: with, by which they are pruned to its change's keys (:func:`~mvsink.desired.join.join_keys`).
         by_joins = len(self.read) > 1 and (self.join or self.aggregate) and self.per_group is None
@@ -548,9 +548,10 @@ class SnapshotDesired(Desired):
         return changes
 
     def _change_size(self, times: list[int]) -> ChangeSize | None:
-        """The change at ``times`` in bytes against the sources' bytes after it (:mod:`~mvsink.desired.change_size`),
-        the sources' sizes from the add actions a join's other sides are listed by where delta-rs
-        lists them (:meth:`_listed` uses them again; those of versions below the step's are dropped)."""
+        """The change at ``times`` in bytes against the sources' bytes after it
+        (:mod:`~mvsink.desired.change_size`), the sources' sizes from the add actions a join's
+        other sides are listed by where delta-rs lists them (:meth:`_listed` uses them again;
+        those of versions below the step's are dropped)."""
         before, after = self.timeline.versions(times[0] - 1), self.timeline.versions(times[-1])
         self._add_actions = {(name, version): actions for (name, version), actions in self._add_actions.items()
                              if version >= before[name]}
@@ -561,7 +562,7 @@ class SnapshotDesired(Desired):
             actions = self._add_actions[name, version]
             if actions is None:
                 return source_bytes(self.sources[name], version)
-            return sum(size or 0 for size in actions.column("size_bytes").to_pylist())
+            return sum(file_bytes or 0 for file_bytes in actions.column("size_bytes").to_pylist())
 
         moved = {name: (before[name] + 1, after[name]) for name in self.read if after[name] > before[name]}
         return change_size(self.sources, moved, {name: after[name] for name in self.read}, size)
