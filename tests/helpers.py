@@ -190,7 +190,8 @@ def fail_if_exited(replicas, during: str) -> None:
 
 def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "condition",
              watch: tuple["Replica", ...] = ()):
-    """Wait until ``predicate()`` is true; fail at once if a watched replica has exited."""
+    """Wait until ``predicate()`` is true; fail at once if a watched replica has exited, and on a
+    timeout with the end of each watched replica's log."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -198,7 +199,13 @@ def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "cond
             return value
         fail_if_exited(watch, f"the wait for {what}")
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+    dumped = [r for r in watch if r.alive() and not r.submit]  # (a JVM takes SIGUSR2 for itself)
+    for replica in dumped:
+        replica.signal(signal.SIGUSR2)  # its Python threads' stacks into its log
+    if dumped:
+        time.sleep(1)
+    logs = "".join(f"\n--- replica {r.replica_id}'s log, its end:\n{r.logs()[-12000:]}" for r in watch)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}{logs}")
 
 
 # -- S3: a real HTTP S3 server (moto) with injectable faults -------------------------------------

@@ -19,6 +19,44 @@ from mvsink.table import latest_version
 from mvsink.timeline import REASON_SOURCES
 
 
+def test_a_caught_up_step_loads_no_table_and_makes_four_calls_into_the_jvm(spark, tmp_path, monkeypatch):
+    """What an idle view costs at each poll: the target's log listed, no Delta table loaded, and
+    only the step profile's job tag (set, removed) and its jobs (listed, counted) in the JVM; a new
+    version is loaded and read."""
+    from py4j.java_gateway import GatewayClient
+
+    import mvsink.append
+
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a"), (2, "b")])
+    mv = MaterializedView(spark, ViewDefinition("idle", tgt, ChangesInput(src), key=("id",), replica_id="r1"))
+    mv.run_until_caught_up()
+    mv.step()  # the last commit read back by a poll (an adopted one is read as the table again)
+    calls = Counter()
+    send, load = GatewayClient.send_command, mvsink.append.DeltaTable
+
+    def counted_send(self, command, *args, **kwargs):
+        calls["jvm"] += 1
+        return send(self, command, *args, **kwargs)
+
+    def counted_load(*args, **kwargs):
+        calls["table loads"] += 1
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(GatewayClient, "send_command", counted_send)
+    monkeypatch.setattr(mvsink.append, "DeltaTable", counted_load)
+    for _ in range(3):
+        idle = mv.step()
+        assert idle.desc is None and idle.spark_jobs == dict.fromkeys(idle.phase_seconds, 0), idle
+    assert calls == {"jvm": 3 * 4}, calls
+    monkeypatch.undo()
+    insert(spark, tgt, [(9, "z")])  # a foreign commit: a new version, loaded, read and repaired
+    monkeypatch.setattr(mvsink.append, "DeltaTable", counted_load)
+    repaired = mv.step()
+    assert calls["table loads"] >= 1 and repaired.repairs == 1 and repaired.spark_jobs["commit"] == 0, repaired
+    assert sum(repaired.spark_jobs.values()) >= 1, repaired
+
+
 def test_own_commit_is_adopted_and_a_caught_up_step_runs_no_spark_job(spark, tmp_path):
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a"), (2, "b")])

@@ -277,8 +277,10 @@ class MaterializedView:
 
     def step(self) -> StepReport:
         with self._step_lock:
+            self._profile = StepProfile(self.spark)
             try:
-                return self._step()
+                with self._profile.tagged():
+                    return self._step()
             except BaseException as exc:
                 if self.hydration.running:
                     self.hydration.abort(exc)
@@ -293,7 +295,7 @@ class MaterializedView:
 
     def _step(self) -> StepReport:
         started = time.monotonic()
-        self._profile = profile = StepProfile(self.spark)
+        profile = self._profile
         self._strategy: str | None = None
         self._reads: tuple = ()
         self._change_share, self._fallback = None, None

@@ -116,9 +116,14 @@ class Shard:
             storage_options=storage.storage_options(self.target))
         if version is None:
             check_supported(table, self.target)
-            if self.fence is not None:
-                self.fence.observe(table)
+            self.observe_fence(table)
         return table
+
+    def observe_fence(self, table: DeltaTable) -> None:
+        """Hold the latest snapshot ``table`` against the fence (:meth:`Fence.observe`), again
+        for a snapshot already loaded: whether this replica writes may have changed since."""
+        if self.fence is not None:
+            self.fence.observe(table)
 
     def upper_of(self, table: DeltaTable) -> int:
         """The upper in ``table``'s snapshot; never below one this shard has seen or found recorded."""

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
@@ -75,22 +76,33 @@ class ReadBack:
         self.files: set[str] = set()
         #: Table layout: the error files in force at the version last seen.
         self.error_files: list[str] = []
+        #: The snapshot last polled and its upper; None after an adopt (the version is then one
+        #: the read-back did not load). A poll that finds no newer version answers from them.
+        self._snapshot: tuple[DeltaTable, int] | None = None
 
     def reset(self) -> None:
         self.version = -1
         self.files = set()
         self.error_files = []
+        self._snapshot = None
 
     def poll(self) -> Persisted:
-        if latest_version(self.shard.target) is None:
+        latest = latest_version(self.shard.target)
+        if latest is None:
             if self.version >= 0:
                 raise UpperWentBackwards(f"{self.shard.target} is no longer a Delta table; it was at "
                                          f"version {self.version}")
             return Persisted(-1, 0, None)  # not created yet: no writer has written
+        if latest == self.version and self._snapshot is not None:  # no commit since the last poll
+            table, upper = self._snapshot
+            self.shard.observe_fence(table)
+            return Persisted(latest, upper, None)
         table = self.shard.table()
         version = table.version()
         if version == self.version:
-            return Persisted(version, self.shard.upper_of(table), None)
+            upper = self.shard.upper_of(table)
+            self._snapshot = (table, upper)
+            return Persisted(version, upper, None)
         foreign, accounted, errors = self._classify(version)
         upper = self.shard.upper_of(table)
         files = set(table.get_add_actions(flatten=True).column("path").to_pylist())
@@ -109,7 +121,7 @@ class ReadBack:
             updates = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         log.debug("read back versions %d..%d: +%d -%d files, upper %d",
                   self.version + 1, version, len(added), len(removed), upper)
-        self.version, self.files = version, files
+        self.version, self.files, self._snapshot = version, files, (table, upper)
         return Persisted(version, upper, updates, foreign, accounted)
 
     def contents(self, files: set[str] | None = None) -> DataFrame:
@@ -144,6 +156,7 @@ class ReadBack:
             return False
         self.shard.history.record(base + 1, actions)
         self.version, self.files = base + 1, (self.files - set(removed)) | set(added)
+        self._snapshot = None
         if error_files is not None:
             self.files = (self.files - set(self.error_files)) | set(error_files)
             self.error_files = list(error_files)

@@ -14,7 +14,9 @@ Without ``--read-only`` the replica allows writes itself once initialized; with 
 and writes nothing until ``AllowWrites`` (from a controller, ``SIGUSR1``, or the file given with
 ``--allow-writes-file`` appearing); it never goes back. Allowing writes that way is a cutover:
 the view's first commit fences every other definition of it (:mod:`mvsink.append.fence`).
-``SIGTERM``/``SIGINT`` stop the views' queries between steps and end the job.
+``SIGTERM``/``SIGINT`` stop the views' queries between steps and end the job. ``SIGUSR2`` writes
+every Python thread's stack to the log (standard error) and changes nothing: what a job that
+seems stuck is doing.
 
 Under ``spark-submit`` the job (the Python driver) is a child of the spark-submit JVM and needs
 it: when that process ends, however it was stopped (``SIGTERM``, ``SIGKILL``), the job ends
@@ -28,6 +30,7 @@ other failure.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: allow_writes.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
 
     _end_with_spark_submit()
     spec = None
