@@ -8,6 +8,8 @@ mvsink append (adds), another replica's append, a foreign append, a ``DELETE`` o
 change). Only file lists reach the driver; the rows are read by Spark.
 
 The first poll sees the whole table as added, which is how a replica hydrates its persisted side.
+A poll that finds the target's log at the version it last polled answers from that snapshot: an
+idle view's poll lists the log and loads no table.
 
 A replica whose append just won need not read its own files back: it knows their rows (the
 buffer's updates below the batch's upper). Nor its own compaction's (the same contents at every
