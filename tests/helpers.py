@@ -201,9 +201,10 @@ def wait_for(predicate, timeout: float, interval: float = 0.5, what: str = "cond
         time.sleep(interval)
     dumped = [r for r in watch if r.alive() and not r.submit]  # (a JVM takes SIGUSR2 for itself)
     for replica in dumped:
-        replica.signal(signal.SIGUSR2)  # its Python threads' stacks into its log
-    if dumped:
-        time.sleep(1)
+        replica.signal(signal.SIGUSR2)  # its Python threads' stacks into its log (faulthandler)
+    dump_deadline = time.monotonic() + 5
+    while time.monotonic() < dump_deadline and not all("most recent call first" in r.logs() for r in dumped):
+        time.sleep(0.1)
     logs = "".join(f"\n--- replica {r.replica_id}'s log, its end:\n{r.logs()[-12000:]}" for r in watch)
     raise TimeoutError(f"timed out after {timeout}s waiting for {what}{logs}")
 

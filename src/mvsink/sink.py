@@ -595,7 +595,8 @@ class MaterializedView:
         """The data files the read-back last saw, with their statistics of the prune column
         (the key's first column, else the first) where the latest snapshot still has them.
         Kept for the same files (a file's statistics never change): a step's key check and its
-        staging load the table's add actions once."""
+        staging load the table's add actions once, from the read-back's snapshot where it holds
+        these files."""
         paths = frozenset(p for p in self.readback.files if not p.startswith(ERRORS_DIR + "/"))
         if self._files_seen is not None and self._files_seen[0] == paths:
             return self._files_seen[1]
@@ -606,7 +607,7 @@ class MaterializedView:
         if not paths:
             return []
         column = (self.view.key or [f.name for f in self.schema.fields])[0]
-        actions = self.shard.table().get_add_actions(flatten=True)
+        actions = (self.readback.snapshot() or self.shard.table()).get_add_actions(flatten=True)
         names = actions.column_names
         rows = zip(*(actions.column(c).to_pylist() if c in names else [None] * actions.num_rows
                      for c in ("path", "size_bytes", f"min.{column}", f"max.{column}", f"null_count.{column}")))

@@ -67,19 +67,18 @@ class StepProfile:
         store = self._sc._jsc.sc().statusStore()
         for job_id in job_ids:
             submitted = store.job(job_id).submissionTime()
-            phase = self._phase_at(submitted.get().getTime() if submitted.isDefined() else None)
+            phase = self._phase_at(submitted.get().getTime() if submitted.isDefined() else math.inf)
             if phase is not None:
                 self.spark_jobs[phase] += 1
 
-    def _phase_at(self, millis: int | None) -> str | None:
-        """The phase running at ``millis``: of those entered by then, the last entered among the
-        ones not yet ended, else the last ended (a job between two phases is its predecessor's)."""
-        entered = [(i, span) for i, span in enumerate(self._spans) if millis is None or span[1] <= millis]
-        running = [(i, span) for i, span in entered if millis is None or millis <= span[2]]
+    def _phase_at(self, millis: float) -> str | None:
+        """The phase running at ``millis``: the last entered of those running then, else the last
+        that had ended (a job between two phases, or of no known time, is its predecessor's)."""
+        running = [(start, i, name) for i, (name, start, end) in enumerate(self._spans) if start <= millis <= end]
         if running:
-            return max(running, key=lambda item: (item[1][1], item[0]))[1][0]
-        return max(entered, key=lambda item: (item[1][2], item[0]))[1][0] if entered else None
-
+            return max(running)[2]
+        ended = [(end, i, name) for i, (name, _, end) in enumerate(self._spans) if end < millis]
+        return max(ended)[2] if ended else None
 
 @functools.lru_cache(maxsize=4)
 def _status_tracker(sc):

@@ -126,6 +126,11 @@ class ReadBack:
         self.version, self.files, self._snapshot = version, files, (table, upper)
         return Persisted(version, upper, updates, foreign, accounted)
 
+    def snapshot(self) -> DeltaTable | None:
+        """The table at the version last polled (its files are :attr:`files`), if a poll loaded it
+        and no adopt has moved past it since."""
+        return self._snapshot[0] if self._snapshot is not None else None
+
     def contents(self, files: set[str] | None = None) -> DataFrame:
         """The table's rows at the version last seen, as updates: the rows of its files (of
         ``files`` only, a subset of them, if given), read by Spark from the file list this
