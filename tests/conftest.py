@@ -70,15 +70,29 @@ def _quiet_py4j():
 def strategies(monkeypatch) -> list[str]:
     """The strategy of each range of changes that the view under test (``maintained``,
     ``from_feed`` or ``v``; not the view ``recomputed`` beside it) computes."""
+    seen: list[str] = []
+    _record_changes(monkeypatch, lambda computed: seen.append(computed.strategy))
+    return seen
+
+
+@pytest.fixture
+def changes_computed(monkeypatch) -> list:
+    """Each range of changes (:class:`~mvsink.desired.changes.Changes`) the view under test computes."""
+    seen: list = []
+    _record_changes(monkeypatch, seen.append)
+    return seen
+
+
+def _record_changes(monkeypatch, record) -> None:
+    """Has ``record`` called with each range of changes the view under test computes."""
     from mvsink.desired import snapshot
 
-    seen, changes = [], snapshot.SnapshotDesired.changes
+    changes = snapshot.SnapshotDesired.changes
 
     def recorded(self, lo, hi):
         computed = changes(self, lo, hi)
         if computed is not None and self.view.view_id in ("maintained", "from_feed", "v"):
-            seen.append(computed.strategy)
+            record(computed)
         return computed
 
     monkeypatch.setattr(snapshot.SnapshotDesired, "changes", recorded)
-    return seen

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 from functools import reduce
 
 import os
@@ -49,7 +51,9 @@ def _sql(value) -> str:
         return "NULL"
     if isinstance(value, str):
         return "'" + value.replace("'", "''") + "'"
-    return str(value)
+    if isinstance(value, datetime.date):
+        return f"DATE '{value.isoformat()}'"
+    return str(value)  # a Decimal's text is its exact literal
 
 
 def view_upper_of(target: str, view_id: str) -> int | None:

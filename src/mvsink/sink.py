@@ -133,6 +133,9 @@ class StepReport:
     #: (:class:`~mvsink.desired.refresh.Fallback`), None if it did not.
     change_share: float | None = None
     fallback: Fallback | None = None
+    #: Whether the step's join terms were computed in this process, not by Spark
+    #: (:attr:`mvsink.desired.changes.Changes.in_process`).
+    in_process: bool = False
 
     def __str__(self) -> str:
         appended = {None: "no append", True: "won", False: "lost"}[self.appended]
@@ -144,6 +147,7 @@ class StepReport:
                 f"{self.corrections} corrections, batch {desc} {appended} ({self.files} files"
                 f"{f', {self.repairs} repairs' if self.repairs else ''}) in {self.seconds:.2f}s"
                 f"{f' by {self.strategy}' if self.strategy else ''}"
+                f"{' (terms in process)' if self.in_process else ''}"
                 f"{f' ({self.fallback})' if self.fallback else ''}"
                 f"{f', change {self.change_share:.3%} of the sources' if self.change_share is not None else ''}"
                 f"{' reading ' + ', '.join(map(str, self.reads)) if self.reads else ''}: {phases}")
@@ -298,7 +302,7 @@ class MaterializedView:
         profile = self._profile
         self._strategy: str | None = None
         self._reads: tuple = ()
-        self._change_share, self._fallback = None, None
+        self._change_share, self._fallback, self._in_process = None, None, False
         minted = None
         try:
             persisted, minted = self._reconcile()
@@ -322,7 +326,7 @@ class MaterializedView:
             report = StepReport(persisted.version, persisted.upper, self.desired_frontier, corrections,
                                 timeline_upper=self.timeline.upper, minted_time=minted, desc=desc,
                                 strategy=self._strategy, reads=self._reads, change_share=self._change_share,
-                                fallback=self._fallback)
+                                fallback=self._fallback, in_process=self._in_process)
             if self.hydration.running:
                 self.hydration.finish(corrections)
                 self.desired.hydrated(self.hydration.last_seconds)
@@ -438,6 +442,7 @@ class MaterializedView:
             if desired is not None:
                 self._strategy, self._reads = desired.strategy, desired.reads
                 self._change_share, self._fallback = desired.change_share, desired.fallback
+                self._in_process = desired.in_process
         return desired
 
     def _fold(self, persisted_updates: DataFrame | None, desired: Changes | DataFrame | None, persisted,

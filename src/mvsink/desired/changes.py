@@ -72,6 +72,8 @@ class Changes:
     change_share: float | None = None
     #: Why a query view's changes are a ``full evaluation`` (None: they are not).
     fallback: Fallback | None = None
+    #: Whether the join's change terms were computed in this process (:mod:`mvsink.desired.in_process`).
+    in_process: bool = False
 
 
 @dataclass(frozen=True)

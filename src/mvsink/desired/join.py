@@ -245,7 +245,12 @@ def ranges_of(text: str, data_type: T.DataType, cut: bool = True) -> list[tuple]
     """Ranges covering the values of a column of ``data_type`` in ``text`` (a JSON array of them,
     sorted and distinct, as :func:`key_sets` observes them), as :func:`key_ranges` cuts them; one
     range from the first to the last unless ``cut``."""
-    values = _values(text, data_type)
+    return ranges_of_values(_values(text, data_type), cut)
+
+
+def ranges_of_values(values: list, cut: bool = True) -> list[tuple]:
+    """Ranges covering ``values`` (sorted, distinct, not null, in Python's types) as
+    :func:`key_ranges` cuts them; one range from the first to the last unless ``cut``."""
     if not values:
         return []
     return _cut(values) if cut and len(values) <= MOST_KEYS else [(values[0], values[-1])]

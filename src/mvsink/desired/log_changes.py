@@ -26,6 +26,7 @@ read with Spark's ``PATH_NOT_FOUND``, which :func:`mvsink.desired.changes.unread
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import cache, lru_cache, reduce
 from typing import Callable, TypeVar
 
@@ -63,7 +64,39 @@ def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
     file's row, -1 removed file's row), not consolidated."""
     first, last = spans[0][1], spans[-1][2]
     before = _schema_before(spark, path, first)
-    files: dict[tuple[int, int | None, tuple], list[str]] = {}  # diff None: change data files
+    listed = change_files(path, spans, before)
+    schema = _schema(spark, path, last) if listed.metadata_changed else before
+    _remember(path, last, schema)
+    columns = [f.name for f in schema.fields]
+    data_schema = T.StructType([f for f in schema.fields if f.name not in listed.partition_columns])
+    parts = [_rows(spark, uris, data_schema, schema, {c: dict(values).get(c) for c in listed.partition_columns}, time,
+                   diff).select(*columns, TIME, DIFF)
+             for (time, diff, values), uris in listed.files.items()]
+    if not parts:
+        updates = T.StructType([*schema.fields, T.StructField(TIME, T.LongType()), T.StructField(DIFF, T.LongType())])
+        return spark.createDataFrame([], updates)
+    return reduce(DataFrame.unionByName, parts)
+
+
+@dataclass(frozen=True)
+class ChangeFiles:
+    """The files a range of versions' changes are read from (:func:`change_files`)."""
+
+    #: The files' URIs by ``(time, diff, partition values)``: diff None for change data files
+    #: (each row's diff by its change type), else +1 (added) or -1 (removed).
+    files: dict[tuple[int, int | None, tuple], list[str]]
+    #: The partition columns any file has a value of.
+    partition_columns: frozenset[str]
+    #: Whether a commit in the range sets the table's metadata (with the columns of the one before).
+    metadata_changed: bool
+
+
+def change_files(path: str, spans: list[tuple[int, int, int]], before: T.StructType) -> ChangeFiles:
+    """The files the changes of the Delta table at ``path`` over ``spans`` are read from (see the
+    module doc), its schema before the range being ``before``; raises
+    :class:`LogChangesUnavailable` where they do not hold the table's rows."""
+    first, last = spans[0][1], spans[-1][2]
+    files: dict[tuple[int, int | None, tuple], list[str]] = {}
     partition_columns: set[str] = set()
     metadata_changed = False
     for time, span_first, span_last in spans:
@@ -83,17 +116,7 @@ def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
                     partition_columns.update(change["partitionValues"])
                     values = tuple(sorted(change["partitionValues"].items()))
                     files.setdefault((time, diff, values), []).append(file_uri(path, change["path"]))
-    schema = _schema(spark, path, last) if metadata_changed else before
-    _remember(path, last, schema)
-    columns = [f.name for f in schema.fields]
-    data_schema = T.StructType([f for f in schema.fields if f.name not in partition_columns])
-    parts = [_rows(spark, uris, data_schema, schema, {c: dict(values).get(c) for c in partition_columns}, time,
-                   diff).select(*columns, TIME, DIFF)
-             for (time, diff, values), uris in files.items()]
-    if not parts:
-        updates = T.StructType([*schema.fields, T.StructField(TIME, T.LongType()), T.StructField(DIFF, T.LongType())])
-        return spark.createDataFrame([], updates)
-    return reduce(DataFrame.unionByName, parts)
+    return ChangeFiles(files, frozenset(partition_columns), metadata_changed)
 
 
 @lru_cache(maxsize=1024)

@@ -60,6 +60,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed, held_observing
+from mvsink.desired.arrow_plan import ArrowPlan, NotTranslated
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.change_size import ChangeSize, change_size, source_bytes
 from mvsink.desired.aggregate_top import RowWiseTop, aggregate_groups
@@ -68,6 +69,7 @@ from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes
 from mvsink.desired.dimension import DimensionSplit, HeldRest, split_at_dimension
 from mvsink.desired.join import (apart_sources, held_names, is_inner_join, is_ranged, join_keys, key_ranges, key_sets,
                                  pruned, reads_each_once)
+from mvsink.desired.in_process import Declined, InProcessTerms
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_arguments, aggregate_of_aggregate,
                                              aggregate_of_groups, aggregate_over_outer_join, linear_aggregate)
@@ -246,11 +248,15 @@ class SnapshotDesired(Desired):
         self._rest: HeldRest | None = None
         #: Seconds of the step so far spent holding the rest (see :meth:`_hold_rest`).
         self._setup_seconds = 0.0
+        #: Where a linear aggregate over an inner join's terms can be computed in this process
+        #: (:mod:`mvsink.desired.in_process`): how; None where its plan is not translated.
+        self._in_process: InProcessTerms | None = None
         if (self.aggregate is not None and self.per_group is None and self.below is None and not self.padded
                 and len(self.read) > 1 and not any(self._apart.values())):
             split = split_at_dimension(over_held, held_names(read_held), aggregate_arguments(over_held),
                                        [o.column if o.expression is not None else None for o in self.aggregate.outputs])
             self._rest = HeldRest(split, self._groups) if split is not None else None
+            self._in_process = self._terms_in_process(query_over_held, read_held)
         log.info("view %r: %s", view.view_id, self.strategy_description())
 
     def strategy_description(self) -> str:
@@ -774,16 +780,23 @@ class SnapshotDesired(Desired):
         aggregate, groups = self.aggregate, self._groups
         if self._state_time != times[0] - 1:  # none held for that time (after a recomputed range)
             self._hold_state(times[0] - 1)
-        # held: read once for all the times, and a query over held rows keeps its Aggregate (over
-        # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
-        feeds = self._source_feeds(times)
+        moving = {name for name in self.read
+                  if any(self.timeline.versions(t - 1)[name] != self.timeline.versions(t)[name] for t in times)}
+        rest = self._rest if self._rest is not None and self._rest.stepped(self._rest.split.dimension in moving) else None
+        in_process = self._changes_in_process(times) if self._in_process is not None and rest is None else None
+        if in_process is not None:  # small: the terms computed here, their rows a local relation
+            feeds = SourceFeeds({}, True, {}, {}, {}, listed_reads=in_process[1])
+        else:
+            # held: read once for all the times, and a query over held rows keeps its Aggregate (over
+            # the log's changes, a constant diff can make the optimizer drop an empty term's plan)
+            feeds = self._source_feeds(times)
         group_cuts = self._group_ranges(feeds) if self.per_group is not None else None
-        rest = self._rest if self._rest is not None and self._rest.stepped(self._rest.split.dimension in feeds.rows) else None
         if rest is not None and rest.time != times[0] - 1:
             self._hold_rest(times[0] - 1)
         parts, key_moving, size, key_moves, executed, cuts = [], [], 0, False, [], []
         for time in times:
-            changed = (self._dimension_changes(time, feeds, executed) if rest is not None
+            changed = (in_process[0].get(time) if in_process is not None
+                       else self._dimension_changes(time, feeds, executed) if rest is not None
                        else self._term_changes(time, feeds, group_cuts))
             if changed is None:  # no change at this time joins anything: the groups stay
                 self._state_time = time
@@ -801,18 +814,50 @@ class SnapshotDesired(Desired):
             self._state, self._state_time, self._state_groups = groups.kept_state(combined), time, kept
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         reads = self._named((*(read for frame in executed for read in delta_reads(frame)), *feeds.listed_reads))
+        here = in_process is not None
         if self._top is not None or not aggregate.rows_are_distinct:
             # consolidated in one task where they are few: ``size`` counts them (before a top, which drops some)
             changes = held_changes(updates, times[0], self.view.key, size <= ONE_TASK_GROUPS, few=feeds.small)
             if self._keyed_by_groups:  # a row per group at most: no key violation can start
                 changes = replace(changes, key_counts_change=False)
-            return replace(changes, reads=reads)
+            return replace(changes, reads=reads, in_process=here)
         if not self.view.key:
-            return Changes(updates, size, times[0], reads=reads)
+            return Changes(updates, size, times[0], reads=reads, in_process=here)
         touched = reduce(DataFrame.unionByName, key_moving).select(*self.view.key) if key_moving else None
         ranges = (None if None in cuts else
                   ([r for ranges, _ in cuts for r in ranges], any(nulls for _, nulls in cuts)))
-        return Changes(updates, size, times[0], key_moves, touched, touched_ranges=ranges, reads=reads)
+        return Changes(updates, size, times[0], key_moves, touched, touched_ranges=ranges, reads=reads, in_process=here)
+
+    def _terms_in_process(self, query_over_held: DataFrame, read_held: dict[str, DataFrame]) -> InProcessTerms | None:
+        """How the join's change terms are computed in this process (:mod:`mvsink.desired.in_process`):
+        the aggregate's input over the held rows, its plan translated; None where it is not."""
+        try:
+            plan = ArrowPlan(self.aggregate.aggregate_input(query_over_held), held_names(read_held))
+        except NotTranslated as exc:
+            log.info("view %r: its join's change terms are computed by Spark (its plan has %s)", self.view.view_id, exc)
+            return None
+        return InProcessTerms(plan, {name: self.sources[name] for name in self.read}, self.read, self._join_keys,
+                              {name: read_held[name].schema for name in self.read})
+
+    def _changes_in_process(self, times: list[int]) -> tuple[dict[int, DataFrame], list[SourceRead]] | None:
+        """Per time, the aggregate's state rows of the join's change terms computed in this process,
+        and the other sides' reads; None where the step is Spark's (the reason logged)."""
+        try:
+            rows, reads = self._in_process.terms(times, self.timeline.versions)
+        except Declined as exc:
+            log.info("view %r: the terms of times %d..%d are computed by Spark: %s",
+                     self.view.view_id, times[0], times[-1], exc)
+            return None
+        frame = self._session().createDataFrame(rows, schema=self._in_process.schema)
+        present = set(zip(rows.column(TIME).to_pylist(), rows.column(DIFF).to_pylist()))
+        changed = {}
+        for time in times:
+            parts = [self._groups.rows_as_state(frame.where((F.col(TIME) == time) & (F.col(DIFF) == diff))
+                                                .drop(TIME, DIFF), diff)
+                     for diff in (1, -1) if (time, diff) in present]
+            if parts:
+                changed[time] = reduce(DataFrame.unionByName, parts)
+        return changed, reads
 
     def _term_changes(self, time: int, feeds: SourceFeeds, group_cuts: list | None) -> DataFrame | None:
         """The aggregate's state rows of its input's change at ``time``: of the terms of

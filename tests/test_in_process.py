@@ -1,0 +1,222 @@
+"""A join's change terms computed in this process (:mod:`mvsink.desired.in_process`,
+:mod:`mvsink.desired.arrow_plan`): the plan's translation against Spark's own evaluation, the
+view against the query at every time, and the steps left to Spark."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import random
+from collections import Counter
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.pandas.types import to_arrow_type
+
+from helpers import create_source, insert, maintained_against_the_query
+from mvsink.desired import in_process
+from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated
+
+ORDERS = "id BIGINT, cust BIGINT, amount INT, placed DATE"
+CUSTOMERS = "cust BIGINT, segment STRING"
+LINES = "order_id BIGINT, price DECIMAL(12,2), discount DECIMAL(4,2), shipped DATE"
+#: Q3's shape: lines of orders of customers, filtered by dates, a segment list and a price, the
+#: revenue an exact decimal expression.
+REVENUE = ("SELECT l.order_id, c.segment, o.placed, sum(l.price * (1 - l.discount)) AS revenue, count(*) AS n, "
+           "count(c.segment) AS segments FROM lines l JOIN orders o ON l.order_id = o.id "
+           "JOIN customers c ON o.cust = c.cust "
+           "WHERE o.placed < DATE '2024-01-05' AND l.shipped > DATE '2024-01-02' "
+           "AND (c.segment IN ('x', 'y') OR c.segment IS NULL) AND l.price >= 1.50 "
+           "GROUP BY l.order_id, c.segment, o.placed")
+
+
+def _day(rng) -> datetime.date | None:
+    return rng.choice([None, *(datetime.date(2024, 1, d) for d in range(1, 8))])
+
+
+def _line(rng, orders: int) -> tuple:
+    return (rng.choice([*range(orders), None]), rng.choice([None, Decimal(rng.randint(0, 999)) / 100]),
+            Decimal(rng.randint(0, 10)) / 100, _day(rng))
+
+
+def _sources(spark, tmp_path, rng, lines_feed: bool = True) -> dict[str, str]:
+    """Orders, customers and lines, with duplicates, null keys and null values; the lines' change
+    data feed off where not ``lines_feed`` (their changes then read from added and removed files)."""
+    sources = {name: str(tmp_path / name) for name in ("customers", "orders", "lines")}
+    create_source(spark, sources["orders"], [(i, rng.choice([1, 2, 3, None]), rng.randint(0, 5), _day(rng))
+                                             for i in range(20)], ORDERS)
+    create_source(spark, sources["customers"], [(1, "x"), (2, "y"), (2, "y"), (3, "z"), (None, "x"), (4, None)],
+                  CUSTOMERS)
+    create_source(spark, sources["lines"], [_line(rng, 20) for _ in range(30)], LINES)
+    if not lines_feed:
+        spark.sql(f"ALTER TABLE delta.`{sources['lines']}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
+    return sources
+
+
+def _edit_lines(spark, path: str, rng) -> None:
+    """One commit to lines: added (duplicates, null orders), deleted, moved to another order."""
+    kind = rng.choice(["insert", "delete", "move", "duplicate"])
+    if kind == "insert":
+        insert(spark, path, [_line(rng, 30) for _ in range(rng.randint(1, 3))])
+    elif kind == "delete":
+        spark.sql(f"DELETE FROM delta.`{path}` WHERE pmod(order_id, 5) = {rng.randint(0, 4)}")
+    elif kind == "move":
+        spark.sql(f"UPDATE delta.`{path}` SET order_id = {rng.randint(0, 30)} WHERE shipped = DATE '2024-01-0{rng.randint(1, 7)}'")
+    else:
+        spark.sql(f"INSERT INTO delta.`{path}` SELECT * FROM delta.`{path}` WHERE order_id = {rng.randint(0, 20)}")
+
+
+def _edit_orders(spark, path: str, rng, next_id: list[int]) -> None:
+    """One commit to orders: inserted (null customers, a duplicate), moved to another customer or
+    date, deleted, or deleted and inserted again in one commit."""
+    kind = rng.choice(["insert", "move", "date", "delete", "reinsert"])
+    if kind == "insert":
+        rows = [(next_id[0] + i, rng.choice([1, 2, 3, 4, None]), rng.randint(0, 5), _day(rng))
+                for i in range(rng.randint(1, 3))]
+        next_id[0] += len(rows)
+        insert(spark, path, rows + rows[:1])
+    elif kind == "move":
+        spark.sql(f"UPDATE delta.`{path}` SET cust = {rng.randint(1, 4)} WHERE pmod(id, 3) = {rng.randint(0, 2)}")
+    elif kind == "date":
+        spark.sql(f"UPDATE delta.`{path}` SET placed = DATE '2024-01-0{rng.randint(1, 7)}' "
+                  f"WHERE pmod(id, 4) = {rng.randint(0, 3)}")
+    elif kind == "delete":
+        spark.sql(f"DELETE FROM delta.`{path}` WHERE pmod(id, 6) = {rng.randint(0, 5)}")
+    else:
+        id_ = rng.randint(0, 20)
+        spark.sql(f"INSERT INTO delta.`{path}` REPLACE WHERE id = {id_} SELECT * FROM delta.`{path}` WHERE id = {id_}")
+
+
+@pytest.mark.parametrize("lines_feed", [True, False], ids=["feed", "no-feed"])
+def test_terms_in_process_keep_the_view_equal_to_the_query_at_every_time(spark, tmp_path, changes_computed,
+                                                                         lines_feed):
+    """Q3's shape over random commits (duplicate rows, null keys and values, rows changing their
+    join partner, deletes on both sides in one time, a row deleted and inserted again, 1-3 commits
+    per time, groups that appear and empty), the lines with or without their change data feed: at
+    every time the view has the query's rows, and its steps' terms were computed in process (a
+    late replica's one step over every time too)."""
+    rng = random.Random(41 if lines_feed else 43)
+    sources = _sources(spark, tmp_path, rng, lines_feed)
+    next_id = [100]
+
+    def edit() -> None:
+        if rng.random() < 0.6:
+            _edit_orders(spark, sources["orders"], rng, next_id)
+        if rng.random() < 0.7:
+            _edit_lines(spark, sources["lines"], rng)
+
+    view = maintained_against_the_query(spark, tmp_path, sources, REVENUE, edit, rounds=7, rng=rng,
+                                        key=("order_id", "segment", "placed"))
+    assert view.desired._in_process is not None
+    assert changes_computed and all(c.in_process for c in changes_computed), [
+        (c.strategy, c.in_process) for c in changes_computed]
+
+
+def test_a_step_spark_must_compute_is_computed_by_spark(spark, tmp_path, changes_computed, monkeypatch, caplog):
+    """A change that is not small, and a source whose files hold deleted rows (deletion vectors),
+    are Spark's steps: the view stays equal to the query at every time, and the steps say where
+    their terms were computed."""
+    rng = random.Random(47)
+    sources = _sources(spark, tmp_path, rng)
+    spark.sql(f"ALTER TABLE delta.`{sources['customers']}` SET TBLPROPERTIES (delta.enableDeletionVectors = true)")
+    small = in_process.feed_is_small
+    calls = [0]
+
+    def every_other_small(path, first, last):
+        calls[0] += 1
+        return calls[0] % 3 != 0 and small(path, first, last)
+
+    monkeypatch.setattr(in_process, "feed_is_small", every_other_small)
+    next_id = [100]
+
+    def edit() -> None:
+        _edit_orders(spark, sources["orders"], rng, next_id)
+        if rng.random() < 0.3:
+            spark.sql(f"DELETE FROM delta.`{sources['customers']}` WHERE cust = {rng.randint(1, 4)}")
+
+    with caplog.at_level(logging.INFO, logger="mvsink.desired.snapshot"):
+        maintained_against_the_query(spark, tmp_path, sources, REVENUE, edit, rounds=6, rng=rng,
+                                     key=("order_id", "segment", "placed"))
+    assert changes_computed and {c.in_process for c in changes_computed} == {False}
+    reasons = [m for m in caplog.messages if "are computed by Spark" in m and "'maintained'" in m]
+    assert any("the change of source orders at versions" in m and "is not small" in m for m in reasons), reasons
+    assert any("the files of source customers at version" in m and "not plain Parquet" in m for m in reasons), reasons
+
+
+def _held(spark, rows: dict[str, tuple[str, list[tuple]]]) -> dict[str, object]:
+    """Each source's rows held in Spark, registered under its name."""
+    held = {}
+    for name, (schema, values) in rows.items():
+        held[name] = spark.createDataFrame(values, schema).localCheckpoint(eager=True)
+        held[name].createOrReplaceTempView(name)
+    return held
+
+
+def _table(schema, values: list[tuple]) -> pa.Table:
+    """``values`` as an Arrow table of the Spark ``schema``'s types."""
+    arrow = pa.schema([pa.field(f.name, to_arrow_type(f.dataType)) for f in schema.fields])
+    return pa.Table.from_pylist([dict(zip(arrow.names, row)) for row in values], schema=arrow)
+
+
+ROWS = {
+    "orders": (ORDERS, [(1, 1, 5, datetime.date(2024, 1, 1)), (2, None, 7, datetime.date(2024, 1, 3)),
+                        (3, 2, None, None), (4, 3, 2147483647, datetime.date(2024, 1, 9)), (5, 1, -3, None)]),
+    "lines": (LINES, [(1, Decimal("10.25"), Decimal("0.05"), datetime.date(2024, 1, 2)),
+                      (1, Decimal("10.25"), Decimal("0.05"), datetime.date(2024, 1, 2)),
+                      (2, None, Decimal("0.10"), datetime.date(2024, 1, 4)), (None, Decimal("3.00"), None, None),
+                      (4, Decimal("9999999999.99"), Decimal("0.99"), datetime.date(2024, 1, 5))]),
+    "customers": (CUSTOMERS, [(1, "x"), (1, "x"), (2, None), (3, "é"), (None, "y")]),
+}
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT l.order_id, o.amount, c.segment FROM lines l JOIN orders o ON l.order_id = o.id "
+    "JOIN customers c ON o.cust = c.cust",
+    "SELECT o.id, c.segment FROM orders o JOIN customers c ON o.cust = c.cust AND o.amount > 4 "
+    "WHERE c.segment IN ('x', 'é', NULL) OR NOT (o.placed >= DATE '2024-01-03')",
+    "SELECT l.order_id, l.price * (1 - l.discount) AS revenue, l.price + o.amount AS plus, o.amount - 1 AS less "
+    "FROM lines l JOIN orders o ON l.order_id = o.id WHERE l.price > 5 AND o.placed IS NOT NULL",
+    "SELECT o.id, CAST(o.amount AS BIGINT) * 2 AS twice, CAST(o.amount AS DECIMAL(20, 2)) AS exact FROM orders o "
+    "JOIN customers c ON o.cust = c.cust WHERE c.segment < 'y' OR c.segment IS NULL",
+], ids=["joins", "in-or-not", "decimals", "casts"])
+def test_a_translated_plan_yields_sparks_rows(spark, sql):
+    """Over rows with nulls, duplicates, a non-ASCII string and the largest values of their types:
+    the plan evaluated in Arrow has the multiset of rows Spark's has, in its types."""
+    held = _held(spark, ROWS)
+    frame = spark.sql(sql)
+    names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+    plan = ArrowPlan(frame, names)
+    got = plan.evaluate({name: _table(held[name].schema, ROWS[name][1]).select(columns)
+                         for name, columns in plan.columns.items()})
+    assert got.schema == plan.arrow_schema
+    assert Counter(map(tuple, (r.values() for r in got.to_pylist()))) == Counter(tuple(r) for r in frame.collect())
+
+
+@pytest.mark.parametrize("sql, reason", [
+    ("SELECT l.order_id, l.price / 2 AS half FROM lines l JOIN orders o ON l.order_id = o.id", "Divide"),
+    ("SELECT o.id, upper(c.segment) AS s FROM orders o JOIN customers c ON o.cust = c.cust", "Upper"),
+    ("SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust", "Join"),
+    ("SELECT o.id, c.segment FROM orders o JOIN customers c ON o.cust < c.cust", "equality"),
+    ("SELECT o.id, CAST(o.amount AS DOUBLE) AS d FROM orders o JOIN customers c ON o.cust = c.cust", "double"),
+    ("SELECT l.order_id, l.price * l.price * l.price * l.price AS p FROM lines l JOIN orders o ON l.order_id = o.id",
+     "rounded"),
+], ids=["divide", "function", "outer-join", "non-equi", "float", "rounded-decimal"])
+def test_what_the_translation_refuses_it_names(spark, sql, reason):
+    """Expressions, joins and types Arrow does not compute as Spark does are refused, named."""
+    held = _held(spark, ROWS)
+    names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+    with pytest.raises(NotTranslated, match=reason):
+        ArrowPlan(spark.sql(sql), names)
+
+
+def test_an_overflow_is_left_to_spark(spark):
+    """An integer sum past its type's range is not evaluated here (Spark decides: an error, or its value)."""
+    held = _held(spark, ROWS)
+    names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
+    plan = ArrowPlan(spark.sql("SELECT o.id, o.amount + 1 AS next FROM orders o JOIN customers c ON o.cust = c.cust"),
+                     names)
+    sources = {"orders": _table(held["orders"].schema, [(4, 3, 2147483647, None)]),
+               "customers": _table(held["customers"].schema, [(3, "z")])}
+    with pytest.raises(NotEvaluated):
+        plan.evaluate({name: table.select(plan.columns[name]) for name, table in sources.items()})
