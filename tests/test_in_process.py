@@ -179,7 +179,9 @@ ROWS = {
     "FROM lines l JOIN orders o ON l.order_id = o.id WHERE l.price > 5 AND o.placed IS NOT NULL",
     "SELECT o.id, CAST(o.amount AS BIGINT) * 2 AS twice, CAST(o.amount AS DECIMAL(20, 2)) AS exact FROM orders o "
     "JOIN customers c ON o.cust = c.cust WHERE c.segment < 'y' OR c.segment IS NULL",
-], ids=["joins", "in-or-not", "decimals", "casts"])
+    "SELECT l.order_id, CAST(l.price AS DECIMAL(30, 2)) * (1 - l.discount) * (1 + l.discount) AS charge "
+    "FROM lines l JOIN orders o ON l.order_id = o.id",
+], ids=["joins", "in-or-not", "decimals", "casts", "wide-decimals"])
 def test_a_translated_plan_yields_sparks_rows(spark, sql):
     """Over rows with nulls, duplicates, a non-ASCII string and the largest values of their types:
     the plan evaluated in Arrow has the multiset of rows Spark's has, in its types."""
@@ -196,12 +198,13 @@ def test_a_translated_plan_yields_sparks_rows(spark, sql):
 @pytest.mark.parametrize("sql, reason", [
     ("SELECT l.order_id, l.price / 2 AS half FROM lines l JOIN orders o ON l.order_id = o.id", "Divide"),
     ("SELECT o.id, upper(c.segment) AS s FROM orders o JOIN customers c ON o.cust = c.cust", "Upper"),
-    ("SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust", "Join"),
+    ("SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust", "node Join"),
     ("SELECT o.id, c.segment FROM orders o JOIN customers c ON o.cust < c.cust", "equality"),
     ("SELECT o.id, CAST(o.amount AS DOUBLE) AS d FROM orders o JOIN customers c ON o.cust = c.cust", "double"),
     ("SELECT l.order_id, l.price * l.price * l.price * l.price AS p FROM lines l JOIN orders o ON l.order_id = o.id",
      "rounded"),
-], ids=["divide", "function", "outer-join", "non-equi", "float", "rounded-decimal"])
+    ("SELECT l.order_id, sum(l.price) AS total FROM lines l GROUP BY l.order_id", "node Aggregate"),
+], ids=["divide", "function", "outer-join", "non-equi", "float", "rounded-decimal", "aggregate"])
 def test_what_the_translation_refuses_it_names(spark, sql, reason):
     """Expressions, joins and types Arrow does not compute as Spark does are refused, named."""
     held = _held(spark, ROWS)

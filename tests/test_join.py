@@ -201,9 +201,9 @@ def test_explain_says_the_strategy_of_a_view_and_why(spark, tmp_path, capsys):
     create_source(spark, str(tmp_path / "orders"), [(1, 1, 5)], ORDERS)
     create_source(spark, str(tmp_path / "customers"), [(1, "x")], CUSTOMERS)
 
-    def explain(sql: str, refresh: str = "auto") -> tuple[int, str]:
+    def explain(sql: str, refresh: str = "auto", key: str = "id") -> tuple[int, str]:
         config = tmp_path / "view.yaml"
-        config.write_text(f"view_id: v\ntarget: target\nkey: [id]\nsources: {{orders: orders, customers: customers}}\n"
+        config.write_text(f"view_id: v\ntarget: target\nkey: [{key}]\nsources: {{orders: orders, customers: customers}}\n"
                           f"input:\n  kind: snapshot\n  refresh: {refresh}\n  sql: \"{sql}\"\n")
         code = cli.main(["explain", str(config)])
         captured = capsys.readouterr()
@@ -214,6 +214,10 @@ def test_explain_says_the_strategy_of_a_view_and_why(spark, tmp_path, capsys):
     assert "its query is an inner join" in out and "(customers.cust = orders.cust)" in out, out
     assert "under refresh auto, a step is evaluated in full instead when its change passes 5% of its sources' " \
            "bytes per time" in out, out
+    code, out = explain(AGGREGATE.replace("sum(o.amount)", "sum(o.amount + length(c.segment))"), key="segment")
+    assert code == 0 and "its terms are computed in Spark (its plan has the expression Length)" in out, out
+    code, out = explain(AGGREGATE, key="segment")
+    assert code == 0 and "a step whose change is small computes its terms in this process with Arrow" in out, out
     left = "SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust < c.cust"  # no key
     code, out = explain(left)
     assert code == 0 and "evaluated in full at each time (it has a LeftOuter Join with no key" in out, out

@@ -52,6 +52,8 @@ METRICS = {
                                                         "by why (policy: refresh full; query: no strategy maintains "
                                                         "it; change share, cost: refresh auto's choice; unreadable: "
                                                         "the sources' changes cannot be read)."),
+    "mvsink_steps_in_process_total": ("counter", "Steps of a linear aggregate whose change terms were computed in "
+                                                 "the driver with Arrow, not by Spark (mvsink.desired.in_process)."),
     "mvsink_change_share": ("gauge", "The last step's change of a query view against its sources, as a fraction of "
                                      "their bytes (absent until known)."),
     "mvsink_hydrating": ("gauge", "1 while a hydration runs."),
@@ -80,6 +82,7 @@ class ViewMetrics:
     phase_spark_jobs: dict[str, int] = field(default_factory=dict)
     strategy_steps: dict[str, int] = field(default_factory=dict)
     full_steps: dict[str, int] = field(default_factory=dict)
+    in_process_steps: int = 0
     change_share: float | None = None
     _errors: int = 0
     _errors_of: tuple[str, ...] = ()
@@ -109,6 +112,7 @@ class ViewMetrics:
             self.full_steps[report.fallback.kind] = self.full_steps.get(report.fallback.kind, 0) + 1
         if report.change_share is not None:
             self.change_share = report.change_share
+        self.in_process_steps += report.in_process
         if report.appended is True:
             self.commits_won += 1
             self.repairs += report.repairs
@@ -131,6 +135,7 @@ def render(views: dict) -> str:
             "mvsink_step_seconds": m.step_seconds, "mvsink_read_only": int(mv.read_only),
             "mvsink_view_errors": m.view_errors(mv),
             "mvsink_fenced": int(mv.fenced is not None),
+            "mvsink_steps_in_process_total": m.in_process_steps,
             **hydration_values(mv.hydration),
         }
         for name, value in values.items():

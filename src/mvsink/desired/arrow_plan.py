@@ -18,8 +18,8 @@ The translation takes only what Arrow computes exactly as Spark does, and refuse
 * expressions: columns, literals, ``IS [NOT] NULL``, ``NOT``/``AND``/``OR`` (three-valued, as
   Spark's), the comparisons ``= < <= > >=`` between one type, ``IN`` of literals (null where the
   value is null, or where it matches none and the list holds a null), ``+ - *`` of integers and of
-  decimals whose result scale is the exact one (Spark rounds a product whose precision passes 38:
-  refused), and casts that widen an integer or a decimal or make an integer a decimal.
+  decimals whose result scale is the exact one (computed in 256 bits where it needs more than 38
+  digits, then fitted to Spark's type; where Spark rounds, to fit 38 digits, it is refused), and casts that widen an integer or a decimal or make an integer a decimal.
 
 Arithmetic is checked: where a value overflows, or does not fit the type Spark gives the
 expression, evaluation raises :class:`NotEvaluated` (Spark, which the caller then asks, raises its
@@ -104,11 +104,11 @@ class ArrowPlan:
             return lambda sources: _filtered(child(sources), condition)
         if kind == "Join" and plan.joinType().toString() in INNER_JOINS:
             return self._join(plan)
-        raise NotTranslated(f"a {kind} node")
+        raise NotTranslated(f"the node {kind}")
 
     def _leaf(self, plan) -> Node:
         if plan.nodeName() != HELD_ROWS or plan.rdd().id() not in self._names:
-            raise NotTranslated(f"a {plan.nodeName()} leaf")
+            raise NotTranslated(f"the leaf {plan.nodeName()}")
         name = self._names[plan.rdd().id()]
         attributes = [a for a in scala_items(plan.output()) if a.exprId().id() in self._used]
         for a in attributes:
@@ -299,7 +299,25 @@ def _arithmetic(expr, kind: str, arrow_type: pa.DataType) -> Expression:
     elif not (isinstance(result, _INTEGERS) and left_type == right_type == result):
         raise NotTranslated(f"{kind} of {left_type.simpleString()} and {right_type.simpleString()}")
     left, right, compute = _expression(expr.left()), _expression(expr.right()), _ARITHMETIC[kind]
+    wide = _wide_decimals(left_type, right_type, kind)
+    if wide is not None:  # computed in 256 bits, then fitted to Spark's type (which may cap the precision at 38)
+        return lambda table: pc.cast(compute(pc.cast(left(table), wide[0]), pc.cast(right(table), wide[1])),
+                                     arrow_type, safe=True)
     return lambda table: pc.cast(compute(left(table), right(table)), arrow_type, safe=True)
+
+
+def _wide_decimals(left: T.DataType, right: T.DataType, kind: str) -> tuple[pa.DataType, pa.DataType] | None:
+    """Both operands' 256-bit types where the exact result of ``kind`` of two decimals needs more
+    than 38 digits (Arrow's 128-bit decimals refuse it); None otherwise."""
+    if not isinstance(left, T.DecimalType):
+        return None
+    if kind == "Multiply":
+        digits = left.precision + right.precision + 1
+    else:
+        digits = max(left.precision - left.scale, right.precision - right.scale) + max(left.scale, right.scale) + 1
+    if digits <= 38:
+        return None
+    return pa.decimal256(left.precision, left.scale), pa.decimal256(right.precision, right.scale)
 
 
 def _cast(expr, arrow_type: pa.DataType) -> Expression:

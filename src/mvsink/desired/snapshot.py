@@ -251,23 +251,36 @@ class SnapshotDesired(Desired):
         #: Where a linear aggregate over an inner join's terms can be computed in this process
         #: (:mod:`mvsink.desired.in_process`): how; None where its plan is not translated.
         self._in_process: InProcessTerms | None = None
+        #: What its plan has that is not translated (None: translated, or not such an aggregate).
+        self._in_process_refused: str | None = None
         if (self.aggregate is not None and self.per_group is None and self.below is None and not self.padded
                 and len(self.read) > 1 and not any(self._apart.values())):
             split = split_at_dimension(over_held, held_names(read_held), aggregate_arguments(over_held),
                                        [o.column if o.expression is not None else None for o in self.aggregate.outputs])
             self._rest = HeldRest(split, self._groups) if split is not None else None
+        if (self.aggregate is not None and self.per_group is None and self.below is None and not self.padded
+                and not any(self._apart.values())):
             self._in_process = self._terms_in_process(query_over_held, read_held)
         log.info("view %r: %s", view.view_id, self.strategy_description())
 
     def strategy_description(self) -> str:
         """The strategy the view's changes get and why, in words (logged at start, and shown
         by ``mvsink explain``), with when ``auto`` evaluates a maintained query in full instead."""
-        described = self._shape_words()
+        described = self._shape_words() + self._in_process_words()
         if self.auto is None:
             return described
         return (f"{described}; under refresh auto, a step is evaluated in full instead when its change passes "
                 f"{self.auto.share_limit:.0%} of its sources' bytes per time, or when full evaluation was cheaper "
                 f"(and the maintained step took more than {AutoRefresh.FLOOR:.0f}s per time)")
+
+    def _in_process_words(self) -> str:
+        """Where a linear aggregate's terms are computed, in words (none for other strategies)."""
+        if self._in_process is not None:
+            return ("; a step whose change is small computes its terms in this process with Arrow "
+                    "(the steps say so: terms in process), others in Spark")
+        if self._in_process_refused is not None:
+            return f"; its terms are computed in Spark (its plan has {self._in_process_refused})"
+        return ""
 
     def _shape_words(self) -> str:
         """The strategy the query's shape gets and why, in words."""
@@ -834,7 +847,7 @@ class SnapshotDesired(Desired):
         try:
             plan = ArrowPlan(self.aggregate.aggregate_input(query_over_held), held_names(read_held))
         except NotTranslated as exc:
-            log.info("view %r: its join's change terms are computed by Spark (its plan has %s)", self.view.view_id, exc)
+            self._in_process_refused = str(exc)
             return None
         return InProcessTerms(plan, {name: self.sources[name] for name in self.read}, self.read, self._join_keys,
                               {name: read_held[name].schema for name in self.read})
