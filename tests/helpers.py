@@ -673,7 +673,8 @@ def query_results_at_every_time(spark, src: str | dict[str, str], sql: str, view
         for view_id, target in views.items():
             got = Counter(tuple(r) for r in read_view(spark, target, view_id, at, errors="ignore" if key else "raise")
                           .collect())
-            assert got == expected, f"view {view_id} at time {at}"
+            assert got == expected, (f"view {view_id} at time {at}: rows it has too many "
+                                     f"{dict(got - expected)}, too few {dict(expected - got)}")
             if key:
                 errors = Counter(r[0] for r in view_errors(spark, target, at).collect())
                 assert errors == expected_errors, f"view {view_id}'s errors at time {at}"

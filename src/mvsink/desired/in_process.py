@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
@@ -131,8 +132,9 @@ class InProcessTerms:
                         signed = rows.filter(pc.equal(rows.column(DIFF), diff))
                         if signed.num_rows:
                             term = self._plan.evaluate({**others, name: signed})
-                            parts.append(term.append_column(TIME, pa.repeat(pa.scalar(time, pa.int64()), term.num_rows))
-                                         .append_column(DIFF, pa.repeat(pa.scalar(diff, pa.int64()), term.num_rows)))
+                            if term.num_rows:
+                                stamp = [pa.repeat(pa.scalar(value, pa.int64()), term.num_rows) for value in (time, diff)]
+                                parts.append(term.append_column(TIME, stamp[0]).append_column(DIFF, stamp[1]))
         except NotEvaluated as exc:
             raise Declined(f"a value Spark decides: {exc}") from None
         except LogChangesUnavailable as exc:
@@ -255,3 +257,10 @@ def _records(actions: pa.Table, uris: set[str], path: str) -> int:
               else [None] * len(paths))
     return sum(MOST_ROWS_READ if count is None else count
                for p, count in zip(paths, counts) if file_uri(path, p) in uris)
+
+
+def local_relation(spark: SparkSession, rows: pa.Table, schema: T.StructType) -> DataFrame:
+    """``rows`` (of ``schema``) as a Spark DataFrame over a local relation, from one record batch:
+    PySpark 4.0's ``createDataFrame`` of a table whose record batches include empty ones loses
+    rows (batches of 0, 0 and 2 rows give none)."""
+    return spark.createDataFrame(rows.combine_chunks(), schema=schema)

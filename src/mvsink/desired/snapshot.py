@@ -69,7 +69,7 @@ from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes
 from mvsink.desired.dimension import DimensionSplit, HeldRest, split_at_dimension
 from mvsink.desired.join import (apart_sources, held_names, is_inner_join, is_ranged, join_keys, key_ranges, key_sets,
                                  pruned, reads_each_once)
-from mvsink.desired.in_process import Declined, InProcessTerms
+from mvsink.desired.in_process import Declined, InProcessTerms, local_relation
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_arguments, aggregate_of_aggregate,
                                              aggregate_of_groups, aggregate_over_outer_join, linear_aggregate)
@@ -258,8 +258,8 @@ class SnapshotDesired(Desired):
             split = split_at_dimension(over_held, held_names(read_held), aggregate_arguments(over_held),
                                        [o.column if o.expression is not None else None for o in self.aggregate.outputs])
             self._rest = HeldRest(split, self._groups) if split is not None else None
-        if (self.aggregate is not None and self.per_group is None and self.below is None and not self.padded
-                and not any(self._apart.values())):
+        if ((self.join or self.aggregate is not None and self.per_group is None and self.below is None
+             and not self.padded) and not any(self._apart.values())):
             self._in_process = self._terms_in_process(query_over_held, read_held)
         log.info("view %r: %s", view.view_id, self.strategy_description())
 
@@ -608,12 +608,19 @@ class SnapshotDesired(Desired):
     def _join_changes(self, times: list[int]) -> Changes:
         """The terms of the query's change at each time (:meth:`_change_terms`), from each
         source's changes held, consolidated."""
-        feeds = self._source_feeds(times)
-        parts = [self._as_updates(result, time, diff)
-                 for time in times for diff, result in self._change_terms(time, feeds)]
+        in_process = self._changes_in_process(times) if self._in_process is not None else None
+        if in_process is not None:  # small: the terms computed here, their rows a local relation
+            terms, listed = in_process
+            parts = [self._as_updates(rows, time, diff) for (time, diff), rows in terms.items()]
+            few = True
+        else:
+            feeds = self._source_feeds(times)
+            parts = [self._as_updates(result, time, diff)
+                     for time in times for diff, result in self._change_terms(time, feeds)]
+            listed, few = feeds.listed_reads, feeds.small
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
-        changes = held_changes(updates, times[0], self.view.key, reads=True, few=feeds.small)
-        return replace(changes, reads=self._named(changes.reads + tuple(feeds.listed_reads)))
+        changes = held_changes(updates, times[0], self.view.key, reads=in_process is None, few=few)
+        return replace(changes, reads=self._named(changes.reads + tuple(listed)), in_process=in_process is not None)
 
     def _no_updates(self) -> DataFrame:
         """No updates, in the table schema."""
@@ -796,7 +803,7 @@ class SnapshotDesired(Desired):
         moving = {name for name in self.read
                   if any(self.timeline.versions(t - 1)[name] != self.timeline.versions(t)[name] for t in times)}
         rest = self._rest if self._rest is not None and self._rest.stepped(self._rest.split.dimension in moving) else None
-        in_process = self._changes_in_process(times) if self._in_process is not None and rest is None else None
+        in_process = self._state_rows_in_process(times) if self._in_process is not None and rest is None else None
         if in_process is not None:  # small: the terms computed here, their rows a local relation
             feeds = SourceFeeds({}, True, {}, {}, {}, listed_reads=in_process[1])
         else:
@@ -843,33 +850,41 @@ class SnapshotDesired(Desired):
 
     def _terms_in_process(self, query_over_held: DataFrame, read_held: dict[str, DataFrame]) -> InProcessTerms | None:
         """How the join's change terms are computed in this process (:mod:`mvsink.desired.in_process`):
-        the aggregate's input over the held rows, its plan translated; None where it is not."""
+        the query (a linear aggregate's input) over the held rows, its plan translated; None where it is not."""
+        rows = self.aggregate.aggregate_input(query_over_held) if self.aggregate is not None else query_over_held
         try:
-            plan = ArrowPlan(self.aggregate.aggregate_input(query_over_held), held_names(read_held))
+            plan = ArrowPlan(rows, held_names(read_held))
         except NotTranslated as exc:
             self._in_process_refused = str(exc)
             return None
         return InProcessTerms(plan, {name: self.sources[name] for name in self.read}, self.read, self._join_keys,
                               {name: read_held[name].schema for name in self.read})
 
-    def _changes_in_process(self, times: list[int]) -> tuple[dict[int, DataFrame], list[SourceRead]] | None:
-        """Per time, the aggregate's state rows of the join's change terms computed in this process,
-        and the other sides' reads; None where the step is Spark's (the reason logged)."""
+    def _changes_in_process(self, times: list[int]) -> tuple[dict[tuple[int, int], DataFrame], list[SourceRead]] | None:
+        """The rows of the join's change terms (a linear aggregate's input rows) computed in this
+        process, by time and diff, and the other sides' reads; None where the step is Spark's
+        (the reason logged)."""
         try:
             rows, reads = self._in_process.terms(times, self.timeline.versions)
         except Declined as exc:
             log.info("view %r: the terms of times %d..%d are computed by Spark: %s",
                      self.view.view_id, times[0], times[-1], exc)
             return None
-        frame = self._session().createDataFrame(rows, schema=self._in_process.schema)
-        present = set(zip(rows.column(TIME).to_pylist(), rows.column(DIFF).to_pylist()))
+        frame = local_relation(self._session(), rows, self._in_process.schema)
+        present = sorted(set(zip(rows.column(TIME).to_pylist(), rows.column(DIFF).to_pylist())))
+        return {(time, diff): frame.where((F.col(TIME) == time) & (F.col(DIFF) == diff)).drop(TIME, DIFF)
+                for time, diff in present}, reads
+
+    def _state_rows_in_process(self, times: list[int]) -> tuple[dict[int, DataFrame], list[SourceRead]] | None:
+        """Per time, the aggregate's state rows of :meth:`_changes_in_process`' rows."""
+        computed = self._changes_in_process(times)
+        if computed is None:
+            return None
+        terms, reads = computed
         changed = {}
-        for time in times:
-            parts = [self._groups.rows_as_state(frame.where((F.col(TIME) == time) & (F.col(DIFF) == diff))
-                                                .drop(TIME, DIFF), diff)
-                     for diff in (1, -1) if (time, diff) in present]
-            if parts:
-                changed[time] = reduce(DataFrame.unionByName, parts)
+        for (time, diff), rows in terms.items():
+            rows = self._groups.rows_as_state(rows, diff)
+            changed[time] = changed[time].unionByName(rows) if time in changed else rows
         return changed, reads
 
     def _term_changes(self, time: int, feeds: SourceFeeds, group_cuts: list | None) -> DataFrame | None:
