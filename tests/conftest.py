@@ -26,6 +26,7 @@ LONGEST_FIRST = (
     "test_timeline_replicas.py",   # 560 s, replica processes
     "test_linear_aggregate.py",    # 452 s
     "test_join.py",                # 368 s
+    "test_in_process.py",          # 356 s (alone)
     "test_cluster.py",             # 359 s, a standalone cluster
     "test_crash.py",               # 335 s, replica processes
     "test_outer_join.py",          # 282 s

@@ -810,13 +810,15 @@ def foreign_append_before_commit(monkeypatch, target: str, rows) -> list[int]:
     return landed
 
 
-def edit_orders(spark, src: str, rng, next_id: list[int], customers: int = 5, key=int) -> None:
+def edit_orders(spark, src: str, rng, next_id: list[int], customers: int = 5, key=int,
+                more: Callable[[], tuple] = tuple) -> None:
     """One commit to orders ``(id, cust, amount)`` of ``customers`` customers (and null): duplicate
     rows, null join keys, rows moving to another customer, deletes, and a row deleted and inserted
-    again in one commit. A customer ``k``'s key is ``key(k)`` (an integer, or a string)."""
+    again in one commit. A customer ``k``'s key is ``key(k)`` (an integer, or a string); an
+    inserted row's further columns are ``more()``."""
     kind = rng.choice(["insert", "move", "delete", "reinsert"])
     if kind == "insert":
-        rows = [(next_id[0] + i, rng.choice([*map(key, range(1, customers)), None]), rng.randint(0, 5))
+        rows = [(next_id[0] + i, rng.choice([*map(key, range(1, customers)), None]), rng.randint(0, 5), *more())
                 for i in range(rng.randint(1, 4))]
         next_id[0] += len(rows)
         insert(spark, src, rows + rows[:1])  # a duplicate

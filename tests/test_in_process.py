@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
-from helpers import create_source, insert, maintained_against_the_query
+from helpers import create_source, edit_orders, insert, maintained_against_the_query
 from mvsink.desired import in_process
 from mvsink.desired.in_process import local_relation
 from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated
@@ -70,24 +70,13 @@ def _edit_lines(spark, path: str, rng) -> None:
 
 
 def _edit_orders(spark, path: str, rng, next_id: list[int]) -> None:
-    """One commit to orders: inserted (null customers, a duplicate), moved to another customer or
-    date, deleted, or deleted and inserted again in one commit."""
-    kind = rng.choice(["insert", "move", "date", "delete", "reinsert"])
-    if kind == "insert":
-        rows = [(next_id[0] + i, rng.choice([1, 2, 3, 4, None]), rng.randint(0, 5), _day(rng))
-                for i in range(rng.randint(1, 3))]
-        next_id[0] += len(rows)
-        insert(spark, path, rows + rows[:1])
-    elif kind == "move":
-        spark.sql(f"UPDATE delta.`{path}` SET cust = {rng.randint(1, 4)} WHERE pmod(id, 3) = {rng.randint(0, 2)}")
-    elif kind == "date":
+    """One commit to orders: the helpers' (inserted with null customers and a duplicate, moved to
+    another customer, deleted, deleted and inserted again in one commit), or moved to another date."""
+    if rng.random() < 0.2:
         spark.sql(f"UPDATE delta.`{path}` SET placed = DATE '2024-01-0{rng.randint(1, 7)}' "
                   f"WHERE pmod(id, 4) = {rng.randint(0, 3)}")
-    elif kind == "delete":
-        spark.sql(f"DELETE FROM delta.`{path}` WHERE pmod(id, 6) = {rng.randint(0, 5)}")
     else:
-        id_ = rng.randint(0, 20)
-        spark.sql(f"INSERT INTO delta.`{path}` REPLACE WHERE id = {id_} SELECT * FROM delta.`{path}` WHERE id = {id_}")
+        edit_orders(spark, path, rng, next_id, more=lambda: (_day(rng),))
 
 
 #: The join under Q3's shape, each line's revenue (no aggregate: the inner join's own terms).
