@@ -42,7 +42,11 @@ over one (TPC-H Q13). A linear aggregate over an inner join with a *dimension* (
 reaches only by its key, whose columns only filter and group: TPC-H Q3's customers) holds, while
 the dimension changes, the rest of the join aggregated by the dimension's key
 (:mod:`mvsink.desired.dimension`): the dimension's change meets that instead of the other sources,
-which a change spread over every key would read whole.
+which a change spread over every key would read whole. Where a step's changes are small, an inner
+join's terms, and a linear aggregate's over one or over one source, are computed in the driver
+with Arrow (:mod:`mvsink.desired.in_process`, the plan translated by
+:mod:`mvsink.desired.arrow_plan`) and reach Spark as a local relation; a step that cannot be
+(too large, a source that is not plain Parquet, a value Spark decides) is computed in Spark.
 """
 
 from __future__ import annotations
@@ -248,10 +252,10 @@ class SnapshotDesired(Desired):
         self._rest: HeldRest | None = None
         #: Seconds of the step so far spent holding the rest (see :meth:`_hold_rest`).
         self._setup_seconds = 0.0
-        #: Where a linear aggregate over an inner join's terms can be computed in this process
-        #: (:mod:`mvsink.desired.in_process`): how; None where its plan is not translated.
+        #: Where an inner join's terms (or a linear aggregate's, over one or over one source) can be
+        #: computed in this process (:mod:`mvsink.desired.in_process`): how; None where they cannot.
         self._in_process: InProcessTerms | None = None
-        #: What its plan has that is not translated (None: translated, or not such an aggregate).
+        #: What its plan has that is not translated (None: translated, or not such a query).
         self._in_process_refused: str | None = None
         if (self.aggregate is not None and self.per_group is None and self.below is None and not self.padded
                 and len(self.read) > 1 and not any(self._apart.values())):
@@ -274,7 +278,7 @@ class SnapshotDesired(Desired):
                 f"(and the maintained step took more than {AutoRefresh.FLOOR:.0f}s per time)")
 
     def _in_process_words(self) -> str:
-        """Where a linear aggregate's terms are computed, in words (none for other strategies)."""
+        """Where an inner join's or a linear aggregate's terms are computed, in words (none for other strategies)."""
         if self._in_process is not None:
             return ("; a step whose change is small computes its terms in this process with Arrow "
                     "(the steps say so: terms in process), others in Spark")
