@@ -179,7 +179,11 @@ ROWS = {
     "JOIN customers c ON o.cust = c.cust WHERE c.segment < 'y' OR c.segment IS NULL",
     "SELECT l.order_id, CAST(l.price AS DECIMAL(30, 2)) * (1 - l.discount) * (1 + l.discount) AS charge "
     "FROM lines l JOIN orders o ON l.order_id = o.id",
-], ids=["joins", "in-or-not", "decimals", "casts", "wide-decimals"])
+    "SELECT o.id, CASE WHEN c.segment LIKE 'x%' THEN o.amount WHEN o.placed IS NULL THEN -1 END AS a, "
+    "CASE WHEN c.segment = 'y' THEN 1 ELSE 0 END AS b, coalesce(c.segment, 'none') AS s, "
+    "if(o.amount > 3, 'big', NULL) AS size, c.segment LIKE '%é' AS ends, c.segment LIKE '_' AS one, "
+    "c.segment LIKE '%x%' AS has FROM orders o JOIN customers c ON o.cust = c.cust",
+], ids=["joins", "in-or-not", "decimals", "casts", "wide-decimals", "conditions"])
 def test_a_translated_plan_yields_sparks_rows(spark, sql):
     """Over rows with nulls, duplicates, a non-ASCII string and the largest values of their types:
     the plan evaluated in Arrow has the multiset of rows Spark's has, in its types."""
@@ -196,13 +200,15 @@ def test_a_translated_plan_yields_sparks_rows(spark, sql):
 @pytest.mark.parametrize("sql, reason", [
     ("SELECT l.order_id, l.price / 2 AS half FROM lines l JOIN orders o ON l.order_id = o.id", "Divide"),
     ("SELECT o.id, upper(c.segment) AS s FROM orders o JOIN customers c ON o.cust = c.cust", "Upper"),
+    ("SELECT o.id FROM orders o JOIN customers c ON o.cust = c.cust WHERE c.segment LIKE 'x!%' ESCAPE '!'",
+     "escape character"),
     ("SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust = c.cust", "node Join"),
     ("SELECT o.id, c.segment FROM orders o JOIN customers c ON o.cust < c.cust", "equality"),
     ("SELECT o.id, CAST(o.amount AS DOUBLE) AS d FROM orders o JOIN customers c ON o.cust = c.cust", "double"),
     ("SELECT l.order_id, l.price * l.price * l.price * l.price AS p FROM lines l JOIN orders o ON l.order_id = o.id",
      "rounded"),
     ("SELECT l.order_id, sum(l.price) AS total FROM lines l GROUP BY l.order_id", "node Aggregate"),
-], ids=["divide", "function", "outer-join", "non-equi", "float", "rounded-decimal", "aggregate"])
+], ids=["divide", "function", "escape", "outer-join", "non-equi", "float", "rounded-decimal", "aggregate"])
 def test_what_the_translation_refuses_it_names(spark, sql, reason):
     """Expressions, joins and types Arrow does not compute as Spark does are refused, named."""
     held = _held(spark, ROWS)

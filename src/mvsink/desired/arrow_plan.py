@@ -19,7 +19,10 @@ The translation takes only what Arrow computes exactly as Spark does, and refuse
   Spark's), the comparisons ``= < <= > >=`` between one type, ``IN`` of literals (null where the
   value is null, or where it matches none and the list holds a null), ``+ - *`` of integers and of
   decimals whose result scale is the exact one (computed in 256 bits where it needs more than 38
-  digits, then fitted to Spark's type; where Spark rounds, to fit 38 digits, it is refused), and casts that widen an integer or a decimal or make an integer a decimal.
+  digits, then fitted to Spark's type; where Spark rounds, to fit 38 digits, it is refused),
+  casts that widen an integer or a decimal or make an integer a decimal, ``CASE WHEN`` and ``IF``
+  (a null condition is not true), ``COALESCE``, and ``LIKE`` of a literal pattern with the default
+  escape, with the prefix, suffix and substring tests Spark makes of simple ones.
 
 Arithmetic is checked: where a value overflows, or does not fit the type Spark gives the
 expression, evaluation raises :class:`NotEvaluated` (Spark, which the caller then asks, raises its
@@ -50,6 +53,8 @@ from mvsink.desired.row_wise import HELD_ROWS, conjuncts, scala_items
 _COMPARISONS = {"EqualTo": pc.equal, "LessThan": pc.less, "LessThanOrEqual": pc.less_equal,
                 "GreaterThan": pc.greater, "GreaterThanOrEqual": pc.greater_equal}
 _ARITHMETIC = {"Add": pc.add_checked, "Subtract": pc.subtract_checked, "Multiply": pc.multiply_checked}
+_STRING_TESTS = {"Like": pc.match_like, "StartsWith": pc.starts_with, "EndsWith": pc.ends_with,
+                 "Contains": pc.match_substring}
 _INTEGERS = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
 _EPOCH = datetime.date(1970, 1, 1)
 
@@ -246,7 +251,50 @@ def _expression(expr) -> Expression:
         return _arithmetic(expr, kind, arrow_type)
     if kind == "Cast":
         return _cast(expr, arrow_type)
+    if kind in ("CaseWhen", "If"):
+        return _conditional(expr, kind, arrow_type)
+    if kind == "Coalesce":
+        children = [_expression(child) for child in scala_items(expr.children())]
+        return lambda table: pc.coalesce(*(_typed(child(table), arrow_type) for child in children))
+    if kind in _STRING_TESTS:
+        return _string_test(expr, kind)
     raise NotTranslated(f"the expression {kind}")
+
+
+def _typed(value: Value, arrow_type: pa.DataType) -> Value:
+    """``value`` in ``arrow_type`` (a literal ``NULL`` is typed by the expression it is in)."""
+    return value if value.type == arrow_type else pc.cast(value, arrow_type, safe=True)
+
+
+def _conditional(expr, kind: str, arrow_type: pa.DataType) -> Expression:
+    """``CASE WHEN`` (the first branch whose condition is true, not null; else its ``ELSE`` or
+    null) and ``IF``."""
+    if kind == "If":
+        branches = [(_expression(expr.predicate()), _expression(expr.trueValue()))]
+        otherwise = _expression(expr.falseValue())
+    else:
+        branches = [(_expression(pair._1()), _expression(pair._2())) for pair in scala_items(expr.branches())]
+        otherwise = _expression(expr.elseValue().get()) if expr.elseValue().isDefined() else None
+    nothing = pa.scalar(None, arrow_type)
+
+    def case(table: pa.Table) -> Value:
+        result = _typed(otherwise(table), arrow_type) if otherwise is not None else nothing
+        for condition, value in reversed(branches):
+            result = pc.if_else(pc.fill_null(condition(table), False), _typed(value(table), arrow_type), result)
+        return result
+    return case
+
+
+def _string_test(expr, kind: str) -> Expression:
+    """``LIKE`` (a literal pattern, the default escape) and the tests Spark rewrites simple ones
+    to (``StartsWith``, ``EndsWith``, ``Contains``), by the strings' bytes as Spark compares them."""
+    pattern = expr.right()
+    if pattern.nodeName() != "Literal" or pattern.value() is None:
+        raise NotTranslated(f"a {kind} of other than a literal")
+    if kind == "Like" and expr.escapeChar() != "\\":
+        raise NotTranslated("a LIKE with an escape character of its own")
+    text, value, test = pattern.value().toString(), _expression(expr.left()), _STRING_TESTS[kind]
+    return lambda table: test(value(table), text)
 
 
 def _literal(value, data_type: T.DataType):
