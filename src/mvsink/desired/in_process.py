@@ -1,12 +1,13 @@
-"""A small step's change terms of an aggregate over an inner join, computed in this process.
+"""A small step's change terms of an inner join (or of a linear aggregate over one), computed in this process.
 
-A linear aggregate over an inner join (TPC-H Q3) moves its groups by the join's change terms
-(:mod:`mvsink.desired.join`): each source's change joined with the other sides, read only where
-the change's keys lie. For a change of a few thousand rows those are a few files: Spark's jobs to
-hold the changes and to plan and run each term cost most of a step, the rows almost nothing. So
-where the step's changes are small, the terms are computed here, in the driver, with Arrow, and
-only the aggregate's input rows they yield go to Spark (a local relation), where the groups'
-state moves by them as before:
+An inner join's change is its terms (:mod:`mvsink.desired.join`): each source's change joined
+with the other sides, read only where the change's keys lie; a linear aggregate over one (TPC-H
+Q3), or over one source (Q1: its one term is the change), moves its groups by them. For a change
+of a few thousand rows those are a few files: Spark's jobs to hold the changes and to plan and run
+each term cost most of a step, the rows almost nothing. So where the step's changes are small,
+the terms are computed here, in the driver, with Arrow, and only the rows they yield (the join's,
+or the aggregate's input) go to Spark (a local relation), where the updates are consolidated, or
+the groups' state moves, as before:
 
 * each moving source's change is read from the files its commits name (the ones
   :mod:`mvsink.desired.log_changes` lists: change data files, else added and removed files),
@@ -75,7 +76,7 @@ class _Version:
 
 
 class InProcessTerms:
-    """The change terms of ``plan`` (the aggregate's input over held rows, translated) over the
+    """The change terms of ``plan`` (the query, or a linear aggregate's input, over held rows, translated) over the
     sources ``paths`` (by name) it reads in the view's order ``read``, joined by ``join_keys``
     (per source, per other source, the pairs ``(its column, the other's)``), whose columns are
     ``schemas`` (each source's, as the plan was made for)."""
@@ -94,12 +95,12 @@ class InProcessTerms:
 
     @property
     def schema(self) -> T.StructType:
-        """The Spark schema of :meth:`terms`' rows: the aggregate input's, ``TIME`` and ``DIFF``."""
+        """The Spark schema of :meth:`terms`' rows: the plan's, ``TIME`` and ``DIFF``."""
         return T.StructType([*self._plan.schema.fields, T.StructField(TIME, T.LongType()),
                              T.StructField(DIFF, T.LongType())])
 
     def terms(self, times: list[int], versions: Callable[[int], dict[str, int]]) -> tuple[pa.Table, list[SourceRead]]:
-        """The aggregate input's rows of every term at ``times`` (``versions(t)``: the sources'
+        """The plan's rows of every term at ``times`` (``versions(t)``: the sources'
         versions at time ``t``), with each row's ``TIME`` and ``DIFF``, and the other sides' reads;
         :class:`Declined` where the step is Spark's."""
         self._rows_read = 0
