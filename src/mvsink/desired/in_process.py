@@ -15,7 +15,7 @@ the groups' state moves, as before:
 * the other sides are read from their files that can hold the change's keys (listed by delta-rs
   from the log with their statistics, :mod:`mvsink.desired.listed_files`), with PyArrow; a file's
   rows are kept between steps (a data file never changes), up to :data:`CACHED_ROWS` rows;
-* each term is the plan Spark optimized for the query's aggregate input over held rows,
+* each term is the plan Spark optimized for the query (a linear aggregate's input) over held rows,
   evaluated over those tables (:mod:`mvsink.desired.arrow_plan`), with the terms' versions and
   signs exactly as Spark's path has them (:meth:`mvsink.desired.snapshot.SnapshotDesired._change_terms`).
 
