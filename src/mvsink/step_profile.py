@@ -80,6 +80,7 @@ class StepProfile:
         ended = [(end, i, name) for i, (name, _, end) in enumerate(self._spans) if end < millis]
         return max(ended)[2] if ended else None
 
+
 @functools.lru_cache(maxsize=4)
 def _status_tracker(sc):
     """The JVM's status tracker of ``sc`` (one py4j object, not three calls per step)."""

@@ -49,7 +49,7 @@ from mvsink import storage
 from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated
 from mvsink.desired.changes import SourceRead, feed_is_small
 from mvsink.desired.join import ranges_of_values
-from mvsink.desired.listed_files import files_in_ranges
+from mvsink.desired.listed_files import files_in_ranges, is_plain
 from mvsink.desired.log_changes import CHANGE_TYPE, LogChangesUnavailable, change_files
 from mvsink.table import file_uri, spark_uri
 from mvsink.updates import DIFF, TIME
@@ -87,6 +87,7 @@ class InProcessTerms:
         self._schemas = {name: T.StructType([schemas[name][c] for c in plan.columns[name]]) for name in read}
         self._arrow = {name: pa.schema([pa.field(f.name, to_arrow_type(f.dataType)) for f in schema.fields])
                        for name, schema in self._schemas.items()}
+        self._full_schemas = {name: schemas[name] for name in read}
         self._columns = {name: [(f.name, f.dataType.simpleString()) for f in schemas[name].fields] for name in read}
         self._versions: dict[tuple[str, int], _Version] = {}
         self._files: OrderedDict[str, pa.Table] = OrderedDict()
@@ -156,7 +157,7 @@ class InProcessTerms:
             raise Declined(f"the change of source {name} at versions {first}..{last} is not small")
         if not self._version(name, first - 1).columns_match:
             raise Declined(f"the columns of source {name} at version {first - 1} are not the plan's")
-        listed = change_files(path, spans, self._schemas_in_full(name))
+        listed = change_files(path, spans, self._full_schemas[name])
         if listed.partition_columns or listed.metadata_changed:
             raise Declined(f"source {name} has partitions or a metadata change in versions {first}..{last}")
         parts = []
@@ -175,10 +176,6 @@ class InProcessTerms:
         if not parts:
             return self._arrow[name].append(pa.field(TIME, pa.int64())).append(pa.field(DIFF, pa.int64())).empty_table()
         return pa.concat_tables(parts)
-
-    def _schemas_in_full(self, name: str) -> T.StructType:
-        """Source ``name``'s whole schema as the plan was made for (its columns and types)."""
-        return T.StructType([T.StructField(column, T._parse_datatype_string(kind)) for column, kind in self._columns[name]])
 
     def _ranges(self, rows: pa.Table, column: str) -> list[tuple]:
         """Ranges covering the non-null values of ``column`` in ``rows`` (see
@@ -215,8 +212,7 @@ class InProcessTerms:
                 table = DeltaTable(storage.delta_uri(path), version=version, storage_options=storage.storage_options(path))
                 schema = T.StructType.fromJson(json.loads(table.schema().to_json()))
                 columns = [(f.name, f.dataType.simpleString()) for f in schema.fields]
-                plain = table.protocol().min_reader_version == 1 and not table.metadata().partition_columns
-                actions = pa.table(table.get_add_actions(flatten=True)) if plain else None
+                actions = pa.table(table.get_add_actions(flatten=True)) if is_plain(table) else None
             except Exception as exc:  # Spark reads it through Delta: slower, never wrong
                 raise Declined(f"source {name} at version {version} is not listed by delta-rs: "
                                f"{str(exc).splitlines()[0][:200]}") from None

@@ -55,7 +55,7 @@ def add_actions(path: str, version: int) -> pa.Table | None:
     or delta-rs cannot read its log."""
     try:
         table = DeltaTable(storage.delta_uri(path), version=version, storage_options=storage.storage_options(path))
-        if table.protocol().min_reader_version != 1 or table.metadata().partition_columns:
+        if not is_plain(table):
             return None
         actions = table.get_add_actions(flatten=True)
     except Exception as exc:  # read through Delta instead: slower, never wrong
@@ -65,6 +65,12 @@ def add_actions(path: str, version: int) -> pa.Table | None:
     if any(c in name for name in [path, *actions.column("path").to_pylist()] for c in _GLOB):
         return None
     return actions
+
+
+def is_plain(table: DeltaTable) -> bool:
+    """Whether ``table``'s rows are exactly the rows of its add actions' files, read with its
+    schema: protocol reader version 1 (no deletion vectors, no column mapping), no partition columns."""
+    return table.protocol().min_reader_version == 1 and not table.metadata().partition_columns
 
 
 def files_in_ranges(path: str, actions: pa.Table, schema: T.StructType,
