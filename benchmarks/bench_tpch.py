@@ -392,7 +392,7 @@ def run(args, workdir: str) -> int:
             times[name].append(time.monotonic() - started)
         print(f"round {round_}: +{new_orders:,} orders, -{deleted_orders:,} orders (keys <= {oldest if isinstance(oldest, str) else f'{oldest:,}'}); "
               + ", ".join(f"{n} {t[-1]:.2f}s" for n, t in times.items())
-              + f"\n  mvsink by {', '.join((r.strategy or '-') + (' (terms in process)' if r.in_process else '') for r in reports)} ({len(reports)} steps"
+              + f"\n  mvsink by {', '.join((r.strategy or '-') + (f' ({r.in_process} in process)' if r.in_process else '') for r in reports)} ({len(reports)} steps"
               + "".join(f", change {r.change_share:.2%} of the sources" for r in reports if r.change_share is not None)
               + f"): {phases}"
               + f"\n  mvsink read: {reads or 'no Delta scan'}", flush=True)

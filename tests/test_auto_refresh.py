@@ -144,5 +144,5 @@ def test_a_large_change_under_auto_is_evaluated_in_full_says_why_and_the_next_sm
     assert 'mvsink_steps_evaluated_in_full_total{view="v",replica="r1",reason="change share"} 1' in text, text
     assert f'mvsink_change_share{{view="v",replica="r1"}} {after.change_share:.6g}' in text, text
     assert small.in_process and not large.in_process and after.in_process, "small steps' terms computed in the driver"
-    assert "(terms in process)" in str(after) and "(terms in process)" not in str(large), str(after)
+    assert "(terms and groups in process)" in str(after) and "in process" not in str(large), str(after)
     assert 'mvsink_steps_in_process_total{view="v",replica="r1"} 2' in text, text

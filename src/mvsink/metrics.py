@@ -112,7 +112,7 @@ class ViewMetrics:
             self.full_steps[report.fallback.kind] = self.full_steps.get(report.fallback.kind, 0) + 1
         if report.change_share is not None:
             self.change_share = report.change_share
-        self.in_process_steps += report.in_process
+        self.in_process_steps += bool(report.in_process)
         if report.appended is True:
             self.commits_won += 1
             self.repairs += report.repairs

@@ -133,9 +133,9 @@ class StepReport:
     #: (:class:`~mvsink.desired.refresh.Fallback`), None if it did not.
     change_share: float | None = None
     fallback: Fallback | None = None
-    #: Whether the step's join terms were computed in this process, not by Spark
+    #: What of the step was computed in this process, not by Spark
     #: (:attr:`mvsink.desired.changes.Changes.in_process`).
-    in_process: bool = False
+    in_process: str = ""
 
     def __str__(self) -> str:
         appended = {None: "no append", True: "won", False: "lost"}[self.appended]
@@ -147,7 +147,7 @@ class StepReport:
                 f"{self.corrections} corrections, batch {desc} {appended} ({self.files} files"
                 f"{f', {self.repairs} repairs' if self.repairs else ''}) in {self.seconds:.2f}s"
                 f"{f' by {self.strategy}' if self.strategy else ''}"
-                f"{' (terms in process)' if self.in_process else ''}"
+                f"{f' ({self.in_process} in process)' if self.in_process else ''}"
                 f"{f' ({self.fallback})' if self.fallback else ''}"
                 f"{f', change {self.change_share:.3%} of the sources' if self.change_share is not None else ''}"
                 f"{' reading ' + ', '.join(map(str, self.reads)) if self.reads else ''}: {phases}")
@@ -302,7 +302,7 @@ class MaterializedView:
         profile = self._profile
         self._strategy: str | None = None
         self._reads: tuple = ()
-        self._change_share, self._fallback, self._in_process = None, None, False
+        self._change_share, self._fallback, self._in_process = None, None, ""
         minted = None
         try:
             persisted, minted = self._reconcile()

@@ -72,8 +72,10 @@ class Changes:
     change_share: float | None = None
     #: Why a query view's changes are a ``full evaluation`` (None: they are not).
     fallback: Fallback | None = None
-    #: Whether the join's change terms were computed in this process (:mod:`mvsink.desired.in_process`).
-    in_process: bool = False
+    #: What of the step was computed in this process: ``terms`` (the join's change terms,
+    #: :mod:`mvsink.desired.in_process`), ``terms and groups`` (and the groups' state moved,
+    #: :mod:`mvsink.desired.arrow_groups`); empty: none.
+    in_process: str = ""
 
 
 @dataclass(frozen=True)

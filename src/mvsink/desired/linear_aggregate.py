@@ -62,7 +62,7 @@ from mvsink.desired.row_wise import plan_is_row_wise, plan_reads_subqueries, und
 from mvsink.updates import DIFF
 
 #: State columns: each group column, the group's row count, each aggregate's value and non-nulls.
-_N, _TOUCHED = "_mv_n", "_mv_touched"
+ROWS, _TOUCHED = "_mv_n", "_mv_touched"
 #: Columns of :meth:`GroupStates.next_state`: whether a group's row before is retracted, after
 #: added, and whether that may change a key's row count.
 _RETRACT, _ADD, _KEY_MOVES = "_mv_retract", "_mv_add", "_mv_key_moves"
@@ -179,10 +179,10 @@ class GroupStates:
 
     def __init__(self, aggregate: LinearAggregate, schema: T.StructType, key: tuple[str, ...]):
         self.aggregate = aggregate
-        self._groups = [F.col(_group(i)) for i in range(len(aggregate.groups))]
-        state = [_N] + [c for i, out in enumerate(aggregate.outputs)
-                        for c in {"count": [_value(i)], "sum": [_value(i), _nonnull(i)],
-                                 "avg": [_value(i), _nonnull(i)]}.get(out.kind, [])]
+        self._groups = [F.col(group_column(i)) for i in range(len(aggregate.groups))]
+        state = [ROWS] + [c for i, out in enumerate(aggregate.outputs)
+                        for c in {"count": [value_column(i)], "sum": [value_column(i), nonnull_column(i)],
+                                 "avg": [value_column(i), nonnull_column(i)]}.get(out.kind, [])]
         self._state_columns = [*self._groups, *[F.col(c) for c in state]]
         self._as_state = {diff: self._state_row(diff) for diff in (1, -1)}
         self._grouped = [F.sum(c).alias(c) for c in state]
@@ -193,8 +193,8 @@ class GroupStates:
         before, after = self._output_values(schema, _before), self._output_values(schema, lambda c: c)
         # a grouped query has a group's row while the group has rows; one without GROUP BY has its
         # one row always (its counts 0 and sums null over no rows)
-        has_rows = F.col(_N) > 0 if aggregate.groups else F.lit(True)
-        had, has = (F.coalesce(F.col(_before(_N)), F.lit(0)) > 0 if aggregate.groups else F.lit(True)), has_rows
+        has_rows = F.col(ROWS) > 0 if aggregate.groups else F.lit(True)
+        had, has = (F.coalesce(F.col(_before(ROWS)), F.lit(0)) > 0 if aggregate.groups else F.lit(True)), has_rows
         # a group's row appears or disappears even where its values would be the same (grouping
         # columns only, as of SELECT DISTINCT; a sum of only nulls)
         differs = (had != has) | ~reduce(Column.__and__, [b.eqNullSafe(a) for b, a in zip(before, after)])
@@ -214,7 +214,7 @@ class GroupStates:
         movement = [
             F.coalesce(F.sum(F.col(_RETRACT).cast("long") + F.col(_ADD).cast("long")), F.lit(0)).alias("size"),
             F.coalesce(F.max(_KEY_MOVES), F.lit(False)).alias("key_moves"),
-            F.coalesce(F.sum((F.col(_N) > 0).cast("long")), F.lit(0)).alias("groups")]
+            F.coalesce(F.sum((F.col(ROWS) > 0).cast("long")), F.lit(0)).alias("groups")]
         if key:  # the first key column of the rows that may move a key's count: retracted, added
             first = schema.names.index(key[0])
             touches = [(F.col(_KEY_MOVES) & F.col(_RETRACT), before[first]),
@@ -257,7 +257,7 @@ class GroupStates:
     @property
     def group_names(self) -> list[str]:
         """The state's grouping columns, in the order of the aggregate's groups."""
-        return [_group(i) for i in range(len(self.aggregate.groups))]
+        return [group_column(i) for i in range(len(self.aggregate.groups))]
 
     @property
     def value_names(self) -> list[str]:
@@ -299,13 +299,13 @@ class GroupStates:
         """The columns of :meth:`rows_as_state` at ``diff``."""
         d = F.lit(diff).cast("long")
         nonnull = lambda column: F.when(F.col(column).isNotNull(), d).otherwise(F.lit(0).cast("long"))  # noqa: E731
-        columns = [F.col(g).alias(_group(i)) for i, g in enumerate(self.aggregate.groups)] + [d.alias(_N)]
+        columns = [F.col(g).alias(group_column(i)) for i, g in enumerate(self.aggregate.groups)] + [d.alias(ROWS)]
         for i, out in enumerate(self.aggregate.outputs):
             if out.kind == "count":
-                columns.append(nonnull(out.column).alias(_value(i)))
+                columns.append(nonnull(out.column).alias(value_column(i)))
             elif out.kind in ("sum", "avg"):
                 value = F.col(out.column).cast(out.kept_as) if out.kept_as else F.col(out.column)
-                columns += [(value if diff > 0 else -value).alias(_value(i)), nonnull(out.column).alias(_nonnull(i))]
+                columns += [(value if diff > 0 else -value).alias(value_column(i)), nonnull(out.column).alias(nonnull_column(i))]
         return columns
 
     def _output_values(self, schema: T.StructType, name) -> list[Column]:
@@ -314,16 +314,16 @@ class GroupStates:
         values = []
         for i, (out, field) in enumerate(zip(self.aggregate.outputs, schema.fields)):
             if out.kind == "group":
-                value = F.col(_group(self.aggregate.groups.index(out.column)))
+                value = F.col(group_column(self.aggregate.groups.index(out.column)))
             elif out.kind == "rows":  # 0, not null, over no rows (the one row of a query without GROUP BY)
-                value = F.coalesce(F.col(name(_N)), F.lit(0))
+                value = F.coalesce(F.col(name(ROWS)), F.lit(0))
             elif out.kind == "count":
-                value = F.coalesce(F.col(name(_value(i))), F.lit(0))
+                value = F.coalesce(F.col(name(value_column(i))), F.lit(0))
             elif out.kind == "sum":
-                value = F.when(F.col(name(_nonnull(i))) > 0, F.col(name(_value(i))))
+                value = F.when(F.col(name(nonnull_column(i))) > 0, F.col(name(value_column(i))))
             else:
-                count = F.col(name(_nonnull(i)))
-                value = F.when(count > 0, self._average(out.average, F.col(name(_value(i))), count))
+                count = F.col(name(nonnull_column(i)))
+                value = F.when(count > 0, self._average(out.average, F.col(name(value_column(i))), count))
             values.append(value.cast(field.dataType))
         return values
 
@@ -524,11 +524,11 @@ def _attribute_names(plan) -> list[str]:
     return [a.name() for a in _seq(plan.output())]
 
 
-def _group(i: int) -> str:
+def group_column(i: int) -> str:
     return f"_mv_g{i}"
 
 
-def _value(i: int) -> str:
+def value_column(i: int) -> str:
     return f"_mv_a{i}"
 
 
@@ -536,7 +536,7 @@ def _input(i: int) -> str:
     return f"_mv_in{i}"
 
 
-def _nonnull(i: int) -> str:
+def nonnull_column(i: int) -> str:
     return f"_mv_nn{i}"
 
 

@@ -62,9 +62,11 @@ from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_type
 
 from mvsink.correction import checkpointed, held_observing
-from mvsink.desired.arrow_plan import ArrowPlan, NotTranslated
+from mvsink.desired.arrow_groups import MOST_GROUPS, ArrowGroups, arrow_groups
+from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.change_size import ChangeSize, change_size, source_bytes
 from mvsink.desired.aggregate_top import RowWiseTop, aggregate_groups
@@ -146,6 +148,13 @@ class SnapshotDesired(Desired):
         self._state: DataFrame | None = None
         self._state_time: int | None = None
         self._state_groups = 0
+        #: Where the state is moved in this process (:mod:`mvsink.desired.arrow_groups`): how, and
+        #: the state as an Arrow table while it is held here (then ``_state`` is None until Spark
+        #: needs it: :meth:`_spark_state`), in the types of Spark's (``_state_schema``).
+        self._arrow_groups: ArrowGroups | None = None
+        self._arrow_groups_refused: str | None = None
+        self._state_arrow: pa.Table | None = None
+        self._state_schema: T.StructType | None = None
         #: Where the query's aggregates are under expressions or ``HAVING``: its top, which maps the
         #: aggregate's rows to the query's (:mod:`mvsink.desired.aggregate_top`).
         self._top: RowWiseTop | None = None
@@ -265,6 +274,9 @@ class SnapshotDesired(Desired):
         if ((self.join or self.aggregate is not None and self.per_group is None and self.below is None
              and not self.padded) and not any(self._apart.values())):
             self._in_process = self._terms_in_process(query_over_held, read_held)
+        if self._in_process is not None and self.aggregate is not None:
+            found = arrow_groups(self.aggregate, self.user_schema, view.key)
+            self._arrow_groups, self._arrow_groups_refused = (None, found) if isinstance(found, str) else (found, None)
         log.info("view %r: %s", view.view_id, self.strategy_description())
 
     def strategy_description(self) -> str:
@@ -279,9 +291,14 @@ class SnapshotDesired(Desired):
 
     def _in_process_words(self) -> str:
         """Where an inner join's or a linear aggregate's terms are computed, in words (none for other strategies)."""
+        if self._in_process is not None and self._arrow_groups is not None:
+            return ("; a step whose change is small computes its terms and moves its groups' state in this "
+                    "process with Arrow (the steps say so: terms and groups in process), others in Spark")
         if self._in_process is not None:
+            groups = (f" (its groups' state is moved in Spark: {self._arrow_groups_refused})"
+                      if self._arrow_groups_refused else "")
             return ("; a step whose change is small computes its terms in this process with Arrow "
-                    "(the steps say so: terms in process), others in Spark")
+                    f"(the steps say so: terms in process){groups}, others in Spark")
         if self._in_process_refused is not None:
             return f"; its terms are computed in Spark (its plan has {self._in_process_refused})"
         return ""
@@ -486,12 +503,12 @@ class SnapshotDesired(Desired):
         self._previous = contents.localCheckpoint(eager=True)
         self._previous_time = time
 
-    def _as_updates(self, rows: DataFrame, time: int, diff: int | None = None) -> DataFrame:
+    def _as_updates(self, rows: DataFrame, time: int | None = None, diff: int | None = None) -> DataFrame:
         """``rows`` (the view's columns) as ok updates at ``time`` with ``diff`` (None: the
-        rows' own ``DIFF`` column)."""
+        rows' own ``TIME``, ``DIFF`` column)."""
         return rows.select(
             *self.user_schema.names, F.lit(None).cast("string").alias(ERROR),
-            F.lit(time).cast("long").alias(TIME),
+            (F.col(TIME) if time is None else F.lit(time).cast("long")).alias(TIME),
             (F.col(DIFF) if diff is None else F.lit(diff).cast("long")).alias(DIFF),
         )
 
@@ -512,7 +529,7 @@ class SnapshotDesired(Desired):
 
     def _state_result(self) -> DataFrame:
         """The query's result at the time of the groups' state held: its groups' output rows."""
-        return _through(self._top, self._groups.output(self._state)).select(*self.user_schema.names)
+        return _through(self._top, self._groups.output(self._spark_state())).select(*self.user_schema.names)
 
     def _hold_state(self, time: int) -> None:
         """The aggregate's state at ``time`` (and the one below's), from the sources at its versions, held."""
@@ -526,6 +543,23 @@ class SnapshotDesired(Desired):
                 self._below_groups.state(*[self.below.aggregate_input(rows) for rows in parts]))
             parts = [_through(self._below_top, self._below_groups.output(self._below_state))]
         (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(*parts)), time
+        self._state_arrow = None
+
+    def _spark_state(self) -> DataFrame:
+        """The groups' state held, as a Spark DataFrame (a local relation where it is held here)."""
+        if self._state is None:
+            self._state = local_relation(self._session(), self._state_arrow, self._state_schema)
+        return self._state
+
+    def _arrow_state(self) -> pa.Table | None:
+        """The groups' state held, as an Arrow table (collected once from Spark where it was
+        held there); None where it has more than :data:`MOST_GROUPS` groups."""
+        if self._state_arrow is None:
+            if self._state_groups > MOST_GROUPS:
+                return None
+            self._state_schema = self._state.schema
+            self._state_arrow = self._state.toArrow()
+        return self._state_arrow
 
     @property
     def snapshot_is_stored(self) -> bool:
@@ -612,9 +646,10 @@ class SnapshotDesired(Desired):
     def _join_changes(self, times: list[int]) -> Changes:
         """The terms of the query's change at each time (:meth:`_change_terms`), from each
         source's changes held, consolidated."""
-        in_process = self._changes_in_process(times) if self._in_process is not None else None
+        computed = self._terms_here(times) if self._in_process is not None else None
+        in_process = self._terms_by_time(computed[0]) if computed is not None else None
         if in_process is not None:  # small: the terms computed here, their rows a local relation
-            terms, listed = in_process
+            terms, listed = in_process, computed[1]
             parts = [self._as_updates(rows, time, diff) for (time, diff), rows in terms.items()]
             few = True
         else:
@@ -624,7 +659,8 @@ class SnapshotDesired(Desired):
             listed, few = feeds.listed_reads, feeds.small
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         changes = held_changes(updates, times[0], self.view.key, reads=in_process is None, few=few)
-        return replace(changes, reads=self._named(changes.reads + tuple(listed)), in_process=in_process is not None)
+        return replace(changes, reads=self._named(changes.reads + tuple(listed)),
+                       in_process="terms" if in_process is not None else "")
 
     def _no_updates(self) -> DataFrame:
         """No updates, in the table schema."""
@@ -807,7 +843,12 @@ class SnapshotDesired(Desired):
         moving = {name for name in self.read
                   if any(self.timeline.versions(t - 1)[name] != self.timeline.versions(t)[name] for t in times)}
         rest = self._rest if self._rest is not None and self._rest.stepped(self._rest.split.dimension in moving) else None
-        in_process = self._state_rows_in_process(times) if self._in_process is not None and rest is None else None
+        computed = self._terms_here(times) if self._in_process is not None and rest is None else None
+        if computed is not None and self._arrow_groups is not None:
+            moved = self._moved_here(times, *computed)
+            if moved is not None:
+                return moved
+        in_process = self._state_rows_in_process(*computed) if computed is not None else None
         if in_process is not None:  # small: the terms computed here, their rows a local relation
             feeds = SourceFeeds({}, True, {}, {}, {}, listed_reads=in_process[1])
         else:
@@ -827,7 +868,7 @@ class SnapshotDesired(Desired):
                 continue
             one_task = feeds.small and self._state_groups <= ONE_TASK_GROUPS
             combined, (moved, moves, kept, *touched) = held_observing(
-                groups.next_state(self._state, changed, one_task), _MOVED, *groups.movement(feeds.small),
+                groups.next_state(self._spark_state(), changed, one_task), _MOVED, *groups.movement(feeds.small),
                 executed=executed)
             size, key_moves = size + moved, key_moves or moves
             if touched:
@@ -836,9 +877,10 @@ class SnapshotDesired(Desired):
             if self._top is None:
                 key_moving.append(groups.key_moving_updates(combined))
             self._state, self._state_time, self._state_groups = groups.kept_state(combined), time, kept
+            self._state_arrow = None
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
         reads = self._named((*(read for frame in executed for read in delta_reads(frame)), *feeds.listed_reads))
-        here = in_process is not None
+        here = "terms" if in_process is not None else ""
         if self._top is not None or not aggregate.rows_are_distinct:
             # consolidated in one task where they are few: ``size`` counts them (before a top, which drops some)
             changes = held_changes(updates, times[0], self.view.key, size <= ONE_TASK_GROUPS, few=feeds.small)
@@ -864,32 +906,61 @@ class SnapshotDesired(Desired):
         return InProcessTerms(plan, {name: self.sources[name] for name in self.read}, self.read, self._join_keys,
                               {name: read_held[name].schema for name in self.read})
 
-    def _changes_in_process(self, times: list[int]) -> tuple[dict[tuple[int, int], DataFrame], list[SourceRead]] | None:
-        """The rows of the join's change terms (a linear aggregate's input rows) computed in this
-        process, by time and diff, and the other sides' reads; None where the step is Spark's
-        (the reason logged)."""
+    def _terms_here(self, times: list[int]) -> tuple[pa.Table, list[SourceRead]] | None:
+        """The rows of the join's change terms (a linear aggregate's input rows, with their
+        ``TIME`` and ``DIFF``) computed in this process, and the other sides' reads; None where
+        the step is Spark's (the reason logged)."""
         try:
-            rows, reads = self._in_process.terms(times, self.timeline.versions)
+            return self._in_process.terms(times, self.timeline.versions)
         except Declined as exc:
             log.info("view %r: the terms of times %d..%d are computed by Spark: %s",
                      self.view.view_id, times[0], times[-1], exc)
             return None
+
+    def _terms_by_time(self, rows: pa.Table) -> dict[tuple[int, int], DataFrame]:
+        """``rows`` of :meth:`_terms_here` as one local relation, by time and diff."""
         frame = local_relation(self._session(), rows, self._in_process.schema)
         present = sorted(set(zip(rows.column(TIME).to_pylist(), rows.column(DIFF).to_pylist())))
         return {(time, diff): frame.where((F.col(TIME) == time) & (F.col(DIFF) == diff)).drop(TIME, DIFF)
-                for time, diff in present}, reads
+                for time, diff in present}
 
-    def _state_rows_in_process(self, times: list[int]) -> tuple[dict[int, DataFrame], list[SourceRead]] | None:
-        """Per time, the aggregate's state rows of :meth:`_changes_in_process`' rows."""
-        computed = self._changes_in_process(times)
-        if computed is None:
-            return None
-        terms, reads = computed
+    def _state_rows_in_process(self, rows: pa.Table, reads: list[SourceRead]
+                               ) -> tuple[dict[int, DataFrame], list[SourceRead]]:
+        """Per time, the aggregate's state rows (in Spark) of :meth:`_terms_here`' ``rows``."""
         changed = {}
-        for (time, diff), rows in terms.items():
-            rows = self._groups.rows_as_state(rows, diff)
-            changed[time] = changed[time].unionByName(rows) if time in changed else rows
+        for (time, diff), part in self._terms_by_time(rows).items():
+            part = self._groups.rows_as_state(part, diff)
+            changed[time] = changed[time].unionByName(part) if time in changed else part
         return changed, reads
+
+    def _moved_here(self, times: list[int], rows: pa.Table, reads: list[SourceRead]) -> Changes | None:
+        """The groups' state moved in this process by ``rows`` of :meth:`_terms_here`
+        (:mod:`mvsink.desired.arrow_groups`), and its updates as a local relation; None where it
+        is Spark's (a state too large, a value Spark decides: the reason logged), the state untouched."""
+        state = self._arrow_state()
+        if state is None:
+            log.info("view %r: its groups' state is moved by Spark: more than %d groups", self.view.view_id, MOST_GROUPS)
+            return None
+        try:
+            step = self._arrow_groups.step(state, rows, times)
+        except NotEvaluated as exc:
+            log.info("view %r: the groups' state of times %d..%d is moved by Spark: %s",
+                     self.view.view_id, times[0], times[-1], exc)
+            return None
+        self._state_arrow, self._state, self._state_groups = step.state, None, step.state.num_rows
+        self._state_time = times[-1]
+        schema = T.StructType([*self.user_schema.fields, T.StructField(TIME, T.LongType()),
+                               T.StructField(DIFF, T.LongType())])
+        updates = self._finish(self._as_updates(local_relation(self._session(), step.updates, schema)))
+        kwargs = dict(reads=self._named(tuple(reads)), in_process="terms and groups")
+        if not self.view.key:
+            return Changes(updates, step.updates.num_rows, times[0], **kwargs)
+        touched = None
+        if step.key_counts_change:
+            key_schema = T.StructType([self.user_schema[k] for k in self.view.key])
+            touched = local_relation(self._session(), step.touched.cast(pa.schema(
+                [pa.field(f.name, to_arrow_type(f.dataType)) for f in key_schema.fields])), key_schema)
+        return Changes(updates, step.updates.num_rows, times[0], step.key_counts_change, touched, **kwargs)
 
     def _term_changes(self, time: int, feeds: SourceFeeds, group_cuts: list | None) -> DataFrame | None:
         """The aggregate's state rows of its input's change at ``time``: of the terms of
