@@ -15,6 +15,7 @@ from deltalake import DeltaTable
 
 import mvsink.write as write_module
 import mvsink.write.plain as plain
+import mvsink.write.rewrite as rewrite
 from helpers import create_source, foreign_append_before_commit, insert, log_history
 from mvsink import (ChangesInput, ConfigError, MaterializedView, SnapshotInput, ViewDefinition, ViewInError,
                     read_view, view_errors)
@@ -80,10 +81,13 @@ def test_the_files_hold_their_rows_in_key_order_and_an_insert_joins_the_file_of_
     assert result.ok, result.problems
 
 
-@pytest.mark.parametrize("staging", ["gathered", "distributed"])
+@pytest.mark.parametrize("staging", ["gathered", "gathered-in-tasks", "distributed"])
 def test_duplicate_rows_are_retracted_copy_by_copy(spark, tmp_path, monkeypatch, staging):
+    """Whether the batch's rewrites run in the driver (small files), in Spark tasks, or as a Spark join."""
     if staging == "distributed":
         monkeypatch.setattr(plain, "GATHERED_UPDATES", 0)
+    if staging == "gathered-in-tasks":
+        monkeypatch.setattr(rewrite, "DRIVER_REWRITE_BYTES", 0)
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a"), (1, "a"), (1, "a"), (2, None), (2, None)])
     view = ViewDefinition("bag", tgt, SnapshotInput(sql="SELECT id, v FROM src"), sources={"src": src},

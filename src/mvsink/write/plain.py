@@ -12,10 +12,10 @@ Two ways, chosen by the batch's size:
 
 * *gathered*: a batch of at most :data:`GATHERED_UPDATES` updates written to a table that has
   files is collected to the driver in one Spark job. The files holding its retractions are
-  rewritten by one task each with the inserted rows folded into them
-  (:func:`~mvsink.write.rewrite.rewrite_gathered`), so a step that rewrites files adds none and
-  the file count stays where the table's rows put it; the inserted rows no rewrite took and the
-  error updates are written by the driver, one file each. Two Spark jobs a step.
+  rewritten by one task each (by the driver where they are small) with the inserted rows folded
+  into them (:func:`~mvsink.write.rewrite.rewrite_gathered`), so a step that rewrites files adds
+  none and the file count stays where the table's rows put it; the inserted rows no rewrite took
+  and the error updates are written by the driver, one file each. One or two Spark jobs a step.
 * *distributed*: a larger batch, a first write, or one whose files' key ranges are asked for
   (:class:`~mvsink.desired.key_check.KeyRanges`) never reaches the driver: the retractions are found by a
   Spark join (:func:`~mvsink.write.rewrite.rewrite_retractions`) and the rest is written by the

@@ -9,17 +9,18 @@ here is never one that changed meanwhile. Files whose min/max statistics of the 
 (the view's first key column, else its first column; :func:`mvsink.file_stats.bounds`) cannot
 hold a retracted value are not read.
 
-Two ways, both one Spark task per file rewritten (pyarrow: the file without the deleted
-positions; a file sorted by the prune column stays sorted, see :func:`mvsink.write.sort_column`):
+Two ways, both rewriting a file with pyarrow (the file without the deleted positions; a file
+sorted by the prune column stays sorted, see :func:`mvsink.write.sort_column`):
 
 * :func:`rewrite_gathered`, for a batch held on the driver (:mod:`mvsink.write.plain`): the
-  retractions are broadcast, and one task per candidate file finds their copies in it (a
+  retractions are broadcast, and one task per candidate file (or the driver, where the
+  candidates are small: :data:`DRIVER_REWRITE_BYTES`) finds their copies in it (a
   vectorized membership test column by column, then whole rows compared, null equal to null and
   NaN to NaN, as Spark's null-safe equality has it), deletes up to `k` copies of each and writes
   its share of the batch's inserted rows into the rewrite, so a step that rewrites files adds
   none. A row whose copies lie in several files may lose more than `k` that way: the files
   concerned are rewritten again with the first `k` copies in file order as their quota. One
-  Spark job, two in that rare case.
+  Spark job (none in the driver), two in that rare case.
 * :func:`rewrite_retractions`, for a batch that stays in Spark: the candidate files are read with
   each row's file and position (Spark's ``_metadata``), joined with the retractions on the whole
   row (null-safe), and the first `k` copies of each in (file, position) order are deleted; only
@@ -56,6 +57,8 @@ from mvsink.write import _FILE_LIST_SCHEMA, StagedFile, _delete_if_exists, _File
 
 log = logging.getLogger(__name__)
 
+#: The most bytes of table files a gathered batch's rewrites read in the driver (see :func:`_run_rewrites`).
+DRIVER_REWRITE_BYTES = 64 << 20
 #: Retracted values of the prune column gathered to the driver at most; past it, only the range.
 _MAX_PRUNE_VALUES = 100_000
 #: Retractions broadcast to the join with the table's rows up to this many.
@@ -332,12 +335,19 @@ _OUTCOME_SCHEMA = T.StructType(_FILE_LIST_SCHEMA.fields + [
 def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.Table, shares: list[pa.Table],
                   quotas: dict[str, dict[int, int]], target: str, prefix: str,
                   prune_column: str, order_by: str | None) -> dict[str, _Outcome]:
-    """One Spark task per file: find the retracted rows' copies in it, and where it holds one,
-    rewrite it without the copies to delete (up to `k` of each row in file order, or its quota)
-    and with its share of the inserts, in ``order_by``'s order. Returns each file's outcome."""
+    """Per file (:func:`_rewrite_file`): find the retracted rows' copies in it, and where it holds
+    one, rewrite it without the copies to delete and with its share of the inserts. Files of at
+    most :data:`DRIVER_REWRITE_BYTES` in all are rewritten here, one after the other (a Spark job
+    costs more than reading them); more by one Spark task each. Returns each file's outcome."""
+    jobs = [(f.path, i, sorted((quotas.get(f.path) or {}).items())) for i, f in enumerate(files)]
+    if sum(f.size for f in files) <= DRIVER_REWRITE_BYTES:
+        fs, root = storage.filesystem(target)
+        return {path: _rewrite_file(fs, root, target, f"{prefix}-rwd-{share}.parquet", path, retractions,
+                                    shares[share], dict(quota), prune_column, order_by)
+                for path, share, quota in jobs}
     payload = spark.sparkContext.broadcast(_ipc([retractions] + shares))
-    jobs = [(f.path, i, [list(q) for q in sorted((quotas.get(f.path) or {}).items())]) for i, f in enumerate(files)]
-    frame = spark.createDataFrame(jobs, "path STRING, share INT, quotas ARRAY<ARRAY<BIGINT>>").repartition(len(jobs))
+    frame = spark.createDataFrame([(path, share, [list(q) for q in quota]) for path, share, quota in jobs],
+                                  "path STRING, share INT, quotas ARRAY<ARRAY<BIGINT>>").repartition(len(jobs))
     out_schema = to_arrow_schema(_OUTCOME_SCHEMA)
 
     def rewrite(batches):
@@ -345,39 +355,22 @@ def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.T
 
         context = TaskContext.get()
         tables = _from_ipc(payload.value)
-        wanted, given = tables[0], tables[1:]
-        stored = wanted.schema.remove(wanted.schema.get_field_index(COPIES))
-        copies = wanted.column(COPIES).to_pylist()
         fs, root = storage.filesystem(target)
         for batch in batches:
             for path, share, quota in zip(*(batch.column(c).to_pylist() for c in ("path", "share", "quotas"))):
-                rows = storage.retrying(f"reading {path}", _read, fs, storage.join(root, unquote(path)))
-                rows = _conform(rows, stored, path)
-                positions = _copies(rows, wanted, prune_column)
-                limits = dict(quota or [])
-                drop = {r: p[:limits.get(r, copies[r])] for r, p in positions.items()}
-                drop = {r: p for r, p in drop.items() if p}
-                row = None
-                if drop:
-                    keep = np.ones(rows.num_rows, dtype=bool)
-                    keep[np.fromiter((p for ps in drop.values() for p in ps), dtype=np.int64)] = False
-                    writer = _FileWriter(target, f"{prefix}-rw{context.partitionId():05d}-{share}-"
-                                                 f"{context.attemptNumber()}.parquet")
-                    try:
-                        kept = pa.concat_tables([rows.filter(pa.array(keep)), given[share]])
-                        for piece in sorted_rows(kept, order_by).to_batches():
-                            writer.write(piece)
-                        row = writer.close()
-                    except BaseException:
-                        writer.abort()
-                        raise
-                file_columns = row or {"path": pa.nulls(1, pa.string()), "size": pa.nulls(1, pa.int64()),
-                                       "num_records": pa.nulls(1, pa.int64()), "stats": pa.nulls(1, pa.string())}
+                name = f"{prefix}-rw{context.partitionId():05d}-{share}-{context.attemptNumber()}.parquet"
+                outcome = _rewrite_file(fs, root, target, name, path, tables[0], tables[1 + share],
+                                        dict(quota or []), prune_column, order_by)
+                staged = outcome.file
                 yield pa.RecordBatch.from_pydict({
-                    **file_columns, "errors": pa.array([False]), "updates": pa.array([0], pa.int64()),
-                    "source": pa.array([path]), "rewritten": pa.array([bool(drop)]),
-                    "matched": pa.array([_flat({r: len(p) for r, p in positions.items()})], pa.list_(pa.int64())),
-                    "deleted": pa.array([_flat({r: len(p) for r, p in drop.items()})], pa.list_(pa.int64())),
+                    "path": pa.array([staged and staged.path], pa.string()),
+                    "size": pa.array([staged and staged.size], pa.int64()),
+                    "num_records": pa.array([staged and staged.num_records], pa.int64()),
+                    "stats": pa.array([staged and staged.stats], pa.string()),
+                    "errors": pa.array([False]), "updates": pa.array([0], pa.int64()),
+                    "source": pa.array([path]), "rewritten": pa.array([outcome.rewritten]),
+                    "matched": pa.array([_flat(outcome.matched)], pa.list_(pa.int64())),
+                    "deleted": pa.array([_flat(outcome.deleted)], pa.list_(pa.int64())),
                 }, schema=out_schema)
 
     try:
@@ -386,6 +379,37 @@ def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.T
         payload.destroy()
     return {r.source: _Outcome(StagedFile(r.path, r.size, r.num_records, r.stats) if r.path else None,
                                r.rewritten, _unflat(r.matched), _unflat(r.deleted)) for r in rows}
+
+
+def _rewrite_file(fs, root: str, target: str, name: str, path: str, wanted: pa.Table, given: pa.Table,
+                  limits: dict[int, int], prune_column: str, order_by: str | None) -> _Outcome:
+    """The table file ``path``: the copies in it of each row of ``wanted`` (the retractions, with
+    their :data:`COPIES`), and where it holds one, its rewrite staged as ``name`` without up to `k`
+    copies of each (in file order; ``limits``: a row's quota instead) and with ``given`` (its share
+    of the inserts), in ``order_by``'s order."""
+    stored = wanted.schema.remove(wanted.schema.get_field_index(COPIES))
+    copies = wanted.column(COPIES).to_pylist()
+    rows = storage.retrying(f"reading {path}", _read, fs, storage.join(root, unquote(path)))
+    rows = _conform(rows, stored, path)
+    positions = _copies(rows, wanted, prune_column)
+    drop = {r: p[:limits.get(r, copies[r])] for r, p in positions.items()}
+    drop = {r: p for r, p in drop.items() if p}
+    staged = None
+    if drop:
+        keep = np.ones(rows.num_rows, dtype=bool)
+        keep[np.fromiter((p for ps in drop.values() for p in ps), dtype=np.int64)] = False
+        writer = _FileWriter(target, name)
+        try:
+            for piece in sorted_rows(pa.concat_tables([rows.filter(pa.array(keep)), given]), order_by).to_batches():
+                writer.write(piece)
+            row = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+        if row is not None:
+            staged = StagedFile(*(row[c][0].as_py() for c in ("path", "size", "num_records", "stats")))
+    return _Outcome(staged, bool(drop), {r: len(p) for r, p in positions.items()},
+                    {r: len(p) for r, p in drop.items()})
 
 
 def _flat(counts: dict[int, int]) -> list[int]:
