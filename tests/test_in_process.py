@@ -18,7 +18,10 @@ from pyspark.sql.pandas.types import to_arrow_type
 from helpers import create_source, edit_orders, insert, maintained_against_the_query
 from mvsink.desired import in_process
 from mvsink.desired.in_process import local_relation
+from mvsink.desired.arrow_groups import arrow_groups
 from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated
+from mvsink.desired.linear_aggregate import LinearAggregate, Output
+from mvsink.updates import DIFF
 
 ORDERS = "id BIGINT, cust BIGINT, amount INT, placed DATE"
 CUSTOMERS = "cust BIGINT, segment STRING"
@@ -259,3 +262,35 @@ def test_rows_reach_spark_whatever_their_record_batches(spark):
     for parts in ([one.slice(0, 0), one.slice(0, 0), one], [one, one.slice(0, 0), one]):
         rows = pa.concat_tables(parts)
         assert local_relation(spark, rows, schema).count() == rows.num_rows
+
+
+def test_groups_state_moved_here_fits_sparks_types_or_is_left_to_spark():
+    """The groups' state moved in Arrow (:mod:`mvsink.desired.arrow_groups`): a group's sum
+    retracted and added as Spark's types have it, null grouping values grouped together, a group
+    emptied gone; a sum past the output's ``bigint`` is not evaluated here (Spark decides)."""
+    aggregate = LinearAggregate(("g",), (Output("g", "group", "g"), Output("s", "sum", "v", kept_as="decimal(38,0)"),
+                                         Output("n", "rows", None)))
+    schema = T.StructType([T.StructField("g", T.LongType()), T.StructField("s", T.LongType()),
+                           T.StructField("n", T.LongType())])
+    groups = arrow_groups(aggregate, schema, ("g",))
+    state = pa.table({"_mv_g0": pa.array([1, None], pa.int64()), "_mv_n": pa.array([2, 1], pa.int64()),
+                      "_mv_a1": pa.array([Decimal(5), Decimal(7)], pa.decimal128(38, 0)),
+                      "_mv_nn1": pa.array([2, 1], pa.int64())})
+
+    def rows(values: list[tuple]) -> pa.Table:
+        return pa.table({"g": pa.array([v[0] for v in values], pa.int64()),
+                         "v": pa.array([v[1] for v in values], pa.int64()),
+                         DIFF: pa.array([v[2] for v in values], pa.int64())})
+
+    moved = groups.moved(state, groups.state_rows(rows([(1, 3, 1), (None, 7, -1), (2, None, 1)]), state.schema))
+    assert moved.state.schema == state.schema
+    assert sorted(moved.state.to_pylist(), key=str) == sorted([
+        {"_mv_g0": 1, "_mv_n": 3, "_mv_a1": Decimal(8), "_mv_nn1": 3},
+        {"_mv_g0": 2, "_mv_n": 1, "_mv_a1": None, "_mv_nn1": 0}], key=str)
+    assert sorted(moved.retracted.to_pylist(), key=str) == sorted([{"g": 1, "s": 5, "n": 2},
+                                                                   {"g": None, "s": 7, "n": 1}], key=str)
+    assert sorted(moved.added.to_pylist(), key=str) == sorted([{"g": 1, "s": 8, "n": 3},
+                                                               {"g": 2, "s": None, "n": 1}], key=str)
+    assert sorted(moved.keys_moved.to_pylist(), key=str) == sorted([{"g": None}, {"g": 2}], key=str)
+    with pytest.raises(NotEvaluated, match="does not fit int64"):
+        groups.moved(state, groups.state_rows(rows([(1, 2 ** 62, 1), (1, 2 ** 62, 1)]), state.schema))

@@ -52,8 +52,9 @@ METRICS = {
                                                         "by why (policy: refresh full; query: no strategy maintains "
                                                         "it; change share, cost: refresh auto's choice; unreadable: "
                                                         "the sources' changes cannot be read)."),
-    "mvsink_steps_in_process_total": ("counter", "Steps of a linear aggregate whose change terms were computed in "
-                                                 "the driver with Arrow, not by Spark (mvsink.desired.in_process)."),
+    "mvsink_steps_in_process_total": ("counter", "Steps of a linear aggregate whose change terms (and maybe groups' "
+                                                 "state) were computed in the driver with Arrow, not by Spark "
+                                                 "(mvsink.desired.in_process, arrow_groups)."),
     "mvsink_change_share": ("gauge", "The last step's change of a query view against its sources, as a fraction of "
                                      "their bytes (absent until known)."),
     "mvsink_hydrating": ("gauge", "1 while a hydration runs."),
