@@ -193,17 +193,8 @@ def _rewrite(spark: SparkSession, files: list[TableFile], deletions: dict[str, l
             for index, (path, positions) in enumerate(zip(batch.column("path").to_pylist(),
                                                           batch.column("positions").to_pylist())):
                 table = storage.retrying(f"reading {path}", _read, fs, storage.join(root, unquote(path)))
-                keep = np.ones(table.num_rows, dtype=bool)
-                keep[np.asarray(positions, dtype=np.int64)] = False
-                writer = _FileWriter(target, f"{prefix}-rw{context.partitionId():05d}-{index}-"
-                                             f"{context.attemptNumber()}.parquet")
-                try:
-                    for piece in table.filter(pa.array(keep)).to_batches():
-                        writer.write(piece)
-                    row = writer.close()
-                except BaseException:
-                    writer.abort()
-                    raise
+                row = _written_without(target, f"{prefix}-rw{context.partitionId():05d}-{index}-"
+                                               f"{context.attemptNumber()}.parquet", table, positions)
                 if row is not None:
                     yield pa.RecordBatch.from_pydict({**row, "errors": pa.array([False]),
                                                       "updates": pa.array([0], pa.int64())})
@@ -396,20 +387,30 @@ def _rewrite_file(fs, root: str, target: str, name: str, path: str, wanted: pa.T
     drop = {r: p for r, p in drop.items() if p}
     staged = None
     if drop:
-        keep = np.ones(rows.num_rows, dtype=bool)
-        keep[np.fromiter((p for ps in drop.values() for p in ps), dtype=np.int64)] = False
-        writer = _FileWriter(target, name)
-        try:
-            for piece in sorted_rows(pa.concat_tables([rows.filter(pa.array(keep)), given]), order_by).to_batches():
-                writer.write(piece)
-            row = writer.close()
-        except BaseException:
-            writer.abort()
-            raise
+        row = _written_without(target, name, rows, [p for ps in drop.values() for p in ps], given, order_by)
         if row is not None:
             staged = StagedFile(*(row[c][0].as_py() for c in ("path", "size", "num_records", "stats")))
     return _Outcome(staged, bool(drop), {r: len(p) for r, p in positions.items()},
                     {r: len(p) for r, p in drop.items()})
+
+
+def _written_without(target: str, name: str, rows: pa.Table, positions: list[int], given: pa.Table | None = None,
+                     order_by: str | None = None) -> dict | None:
+    """``rows`` without those at ``positions``, with ``given`` after them, in ``order_by``'s order,
+    staged as the file ``name``: its file-list row (None: no rows)."""
+    keep = np.ones(rows.num_rows, dtype=bool)
+    keep[np.asarray(positions, dtype=np.int64)] = False
+    kept = rows.filter(pa.array(keep))
+    if given is not None:
+        kept = sorted_rows(pa.concat_tables([kept, given]), order_by)
+    writer = _FileWriter(target, name)
+    try:
+        for piece in kept.to_batches():
+            writer.write(piece)
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        raise
 
 
 def _flat(counts: dict[int, int]) -> list[int]:
