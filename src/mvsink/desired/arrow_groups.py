@@ -155,8 +155,8 @@ class ArrowGroups:
                                        _TOUCHED, pa.repeat(True, changed.num_rows))])
         touched = tagged.column(_TOUCHED)
         for c in self._values:  # each value summed over all rows, and over the state's alone (before)
-            tagged = tagged.append_column(c + _BEFORE, pc.if_else(touched, pa.nulls(len(tagged), tagged.schema.field(c).type),
-                                                                 tagged.column(c)))
+            none = pa.nulls(len(tagged), tagged.schema.field(c).type)
+            tagged = tagged.append_column(c + _BEFORE, pc.if_else(touched, none, tagged.column(c)))
         summed = tagged.group_by(self._groups, use_threads=False).aggregate(
             [(c, "sum") for c in self._values] + [(c + _BEFORE, "sum") for c in self._values] + [(_TOUCHED, "any")])
         summed = summed.rename_columns([n.removesuffix("_sum") for n in summed.column_names])
