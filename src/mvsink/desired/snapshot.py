@@ -74,7 +74,7 @@ from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes
                                     held_changes, touched_ranges, unreadable)
 from mvsink.desired.dimension import DimensionSplit, HeldRest, split_at_dimension
 from mvsink.desired.join import (apart_sources, held_names, is_inner_join, is_ranged, join_keys, key_ranges, key_sets,
-                                 pruned, reads_each_once)
+                                 pruned, ranges_of_values, reads_each_once)
 from mvsink.desired.in_process import Declined, InProcessTerms, local_relation
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_arguments, aggregate_of_aggregate,
@@ -955,12 +955,17 @@ class SnapshotDesired(Desired):
         kwargs = dict(reads=self._named(tuple(reads)), in_process="terms and groups")
         if not self.view.key:
             return Changes(updates, step.updates.num_rows, times[0], **kwargs)
-        touched = None
-        if step.key_counts_change:
+        touched, ranges = None, None
+        if step.key_counts_change:  # the key check reads the table's files that can hold their first column
             key_schema = T.StructType([self.user_schema[k] for k in self.view.key])
             touched = local_relation(self._session(), step.touched.cast(pa.schema(
                 [pa.field(f.name, to_arrow_type(f.dataType)) for f in key_schema.fields])), key_schema)
-        return Changes(updates, step.updates.num_rows, times[0], step.key_counts_change, touched, **kwargs)
+            first = step.touched.column(self.view.key[0])
+            if is_ranged(key_schema[0].dataType.simpleString()):
+                values = sorted({v for v in first.to_pylist() if v is not None})
+                ranges = (ranges_of_values(values), first.null_count > 0)
+        return Changes(updates, step.updates.num_rows, times[0], step.key_counts_change, touched,
+                       touched_ranges=ranges, **kwargs)
 
     def _term_changes(self, time: int, feeds: SourceFeeds, group_cuts: list | None) -> DataFrame | None:
         """The aggregate's state rows of its input's change at ``time``: of the terms of
