@@ -87,8 +87,10 @@ class ArrowGroups:
     def __init__(self, aggregate: LinearAggregate, schema: T.StructType, key: tuple[str, ...]):
         self.aggregate = aggregate
         self._schema = pa.schema([pa.field(f.name, to_arrow_type(f.dataType)) for f in schema.fields])
-        self._groups = [group_column(i) for i in range(len(aggregate.groups))]
-        self._values = [ROWS] + [c for i, out in enumerate(aggregate.outputs)
+        #: The state's columns: its grouping columns, and its values (the row count, each
+        #: aggregate's value and non-nulls).
+        self.group_names = [group_column(i) for i in range(len(aggregate.groups))]
+        self.value_names = [ROWS] + [c for i, out in enumerate(aggregate.outputs)
                                  for c in {"count": [value_column(i)], "sum": [value_column(i), nonnull_column(i)]
                                            }.get(out.kind, [])]
         #: The state columns of each key column, where the key is grouping columns only (else None:
@@ -101,12 +103,15 @@ class ArrowGroups:
     def step(self, state: pa.Table, rows: pa.Table, times: list[int]) -> Step:
         """``state`` moved by ``rows`` (the aggregate's input rows with their ``TIME`` and
         ``DIFF``) at each of ``times`` in turn."""
+        at = [(time, rows.filter(pc.equal(rows.column(TIME), time))) for time in times]
+        return self.step_by(state, [(time, self.state_rows(part, state.schema)) for time, part in at if part.num_rows])
+
+    def step_by(self, state: pa.Table, changes: list[tuple[int, pa.Table]]) -> Step:
+        """``state`` moved by each time's ``changes`` (state rows, as :meth:`state_rows` gives
+        them) in turn."""
         parts, touched = [], []
-        for time in times:
-            at = rows.filter(pc.equal(rows.column(TIME), time))
-            if at.num_rows == 0:
-                continue
-            moved = self.moved(state, self.state_rows(at, state.schema))
+        for time, changed in changes:
+            moved = self.moved(state, changed)
             keys = moved.keys_moved
             if keys.num_rows and (self.key_groups is None or max(
                     self.most_rows_of_keys(state, keys), self.most_rows_of_keys(moved.state, keys)) > 1):
@@ -121,16 +126,18 @@ class ArrowGroups:
             return Step(state, updates, None, None)
         return Step(state, updates, bool(touched), pa.concat_tables(touched) if touched else None)
 
-    def state_rows(self, rows: pa.Table, state_schema: pa.Schema) -> pa.Table:
-        """``rows`` (the aggregate's input rows, each with its ``DIFF`` of 1 or -1) as state rows
-        of one row each, in ``state_schema``'s grouping types and the wide value types."""
+    def state_rows(self, rows: pa.Table, state_schema: pa.Schema, keep: tuple[str, ...] = ()) -> pa.Table:
+        """``rows`` (the aggregate's input rows, each with its ``DIFF`` of 1 or -1; a grouping
+        column they lack is null) as state rows of one row each, in ``state_schema``'s grouping
+        types and the wide value types, with their columns ``keep`` after."""
         diff = rows.column(DIFF)
         if pc.any(pc.invert(pc.is_in(diff, pa.array([1, -1], pa.int64())))).as_py():
             raise NotEvaluated("a change row's diff is not 1 or -1")
         positive = pc.equal(diff, 1)
         zero = pa.scalar(0, pa.int64())
-        columns = {g: pc.cast(rows.column(name), state_schema.field(g).type)
-                   for g, name in zip(self._groups, self.aggregate.groups)}
+        columns = {g: (pc.cast(rows.column(name), state_schema.field(g).type) if name in rows.column_names
+                       else pa.nulls(rows.num_rows, state_schema.field(g).type))
+                   for g, name in zip(self.group_names, self.aggregate.groups)}
         columns[ROWS] = diff
         for i, out in enumerate(self.aggregate.outputs):
             if out.kind not in ("count", "sum"):
@@ -140,25 +147,25 @@ class ArrowGroups:
             if out.kind == "count":
                 columns[value_column(i)] = counted
             else:
-                value = pc.cast(rows.column(out.column), _wide(state_schema.field(value_column(i)).type))
+                value = pc.cast(rows.column(out.column), wide_type(state_schema.field(value_column(i)).type))
                 columns[value_column(i)] = pc.if_else(positive, value, pc.negate(value))
                 columns[nonnull_column(i)] = counted
-        return pa.table(columns)
+        return pa.table({**columns, **{k: rows.column(k) for k in keep}})
 
     def moved(self, state: pa.Table, changed: pa.Table) -> Moved:
         """``state`` (in its own types) moved by ``changed`` (of :meth:`state_rows`)."""
         state_schema = state.schema
-        wide = pa.table({**{g: state.column(g) for g in self._groups},
-                         **{c: pc.cast(state.column(c), _wide(state_schema.field(c).type)) for c in self._values}})
+        wide = pa.table({**{g: state.column(g) for g in self.group_names},
+                         **{c: pc.cast(state.column(c), wide_type(state_schema.field(c).type)) for c in self.value_names}})
         tagged = pa.concat_tables([wide.append_column(_TOUCHED, pa.repeat(False, state.num_rows)),
                                    changed.select(wide.column_names).cast(wide.schema).append_column(
                                        _TOUCHED, pa.repeat(True, changed.num_rows))])
         touched = tagged.column(_TOUCHED)
-        for c in self._values:  # each value summed over all rows, and over the state's alone (before)
+        for c in self.value_names:  # each value summed over all rows, and over the state's alone (before)
             none = pa.nulls(len(tagged), tagged.schema.field(c).type)
             tagged = tagged.append_column(c + _BEFORE, pc.if_else(touched, none, tagged.column(c)))
-        summed = tagged.group_by(self._groups, use_threads=False).aggregate(
-            [(c, "sum") for c in self._values] + [(c + _BEFORE, "sum") for c in self._values] + [(_TOUCHED, "any")])
+        summed = tagged.group_by(self.group_names, use_threads=False).aggregate(
+            [(c, "sum") for c in self.value_names] + [(c + _BEFORE, "sum") for c in self.value_names] + [(_TOUCHED, "any")])
         summed = summed.rename_columns([n.removesuffix("_sum") for n in summed.column_names])
         moving = summed.filter(summed.column(_TOUCHED + "_any"))
         before, after = self._outputs(moving, _BEFORE), self._outputs(moving, "")
@@ -167,8 +174,8 @@ class ArrowGroups:
         same = reduce(pc.and_, [_null_safe_equal(b, a) for b, a in zip(before.columns, after.columns)])
         differs = pc.or_(pc.not_equal(had, has), pc.invert(same))
         retract, add = pc.and_(had, differs), pc.and_(has, differs)
-        kept = summed.filter(self._has_rows(summed, "")) if self._groups else summed
-        new_state = pa.table({c: _fitted(kept.column(c), state_schema.field(c).type) for c in state_schema.names})
+        kept = summed.filter(self._has_rows(summed, "")) if self.group_names else summed
+        new_state = pa.table({c: fitted(kept.column(c), state_schema.field(c).type) for c in state_schema.names})
         retracted, added = before.filter(retract), after.filter(add)
         if not self._key:
             keys_moved = pa.table({})
@@ -194,7 +201,7 @@ class ArrowGroups:
 
     def _has_rows(self, summed: pa.Table, suffix: str) -> pa.ChunkedArray:
         """Whether each group has its output row: it has rows (a query without ``GROUP BY``: always)."""
-        if not self._groups:
+        if not self.group_names:
             return pa.chunked_array([pa.repeat(True, summed.num_rows)])
         return pc.greater(pc.fill_null(summed.column(ROWS + suffix), 0), 0)
 
@@ -213,16 +220,16 @@ class ArrowGroups:
                 present = pc.greater(pc.fill_null(summed.column(nonnull_column(i) + suffix), 0), 0)
                 total = summed.column(value_column(i) + suffix)
                 value = pc.if_else(present, total, pa.nulls(summed.num_rows, total.type))
-            columns.append(_fitted(value, field.type))
+            columns.append(fitted(value, field.type))
         return pa.Table.from_arrays(columns, schema=self._schema)
 
 
-def _wide(data_type: pa.DataType) -> pa.DataType:
+def wide_type(data_type: pa.DataType) -> pa.DataType:
     """The type a state value is added in: a decimal's 256-bit one at its scale; counts as they are."""
     return pa.decimal256(_WIDE, data_type.scale) if pa.types.is_decimal(data_type) else data_type
 
 
-def _fitted(values: pa.ChunkedArray, data_type: pa.DataType) -> pa.ChunkedArray:
+def fitted(values: pa.ChunkedArray, data_type: pa.DataType) -> pa.ChunkedArray:
     """``values`` cast to ``data_type``; a value that does not fit raises :class:`NotEvaluated`."""
     try:
         return pc.cast(values, data_type, safe=True)

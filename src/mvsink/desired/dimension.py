@@ -38,11 +38,15 @@ from __future__ import annotations
 
 from functools import reduce
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from mvsink.correction import checkpointed
 from mvsink.desired.aggregate_top import Catalyst
+from mvsink.desired.arrow_groups import MOST_GROUPS
+from mvsink.desired.in_process import local_relation
 from mvsink.desired.join import INNER_JOINS
 from mvsink.desired.linear_aggregate import GroupStates
 from mvsink.desired.row_wise import HELD_ROWS, conjuncts, plan_is_row_wise, plan_leaves, references, scala_items
@@ -71,6 +75,8 @@ class DimensionSplit:
     def __init__(self, like: DataFrame, dimension: str, rest, side, keys: list[tuple], groups: list[str],
                  leaves: dict[int, str], owners: dict[int, str]):
         self._like, self._nodes = like, Catalyst(like.sparkSession.sparkContext._jvm)
+        #: A DataFrame of the aggregate's (for its session).
+        self.rows_like = like
         #: The dimension source's name, and its grouping columns (names of the aggregate's input).
         self.dimension, self.groups = dimension, tuple(groups)
         self._rest, self._side, self._leaves = rest, side, leaves
@@ -79,6 +85,10 @@ class DimensionSplit:
         #: The equalities, in words: ``customers.cust = orders.cust``.
         self.equalities = ", ".join(f"{dimension}.{d.name()} = {owners.get(f.exprId().id(), 'the join')}.{f.name()}"
                                     for d, f in keys)
+        #: ``(the dimension source's column, _mv_k<j>)`` for each equality whose dimension's side
+        #: is that column as it is (not computed), by which its files can be pruned.
+        leaf_ids = {a.exprId().id() for leaf in plan_leaves(side) for a in scala_items(leaf.output())}
+        self.source_keys = [(d.name(), f"_mv_k{j}") for j, (d, _) in enumerate(keys) if d.exprId().id() in leaf_ids]
         #: The type of each of the dimension's grouping columns (a SQL type name).
         self.group_types = {a.name(): a.dataType().simpleString() for a in scala_items(side.output())
                             if a.name() in self.groups}
@@ -208,17 +218,24 @@ def _ids(attributes) -> set[int]:
 class HeldRest:
     """``R`` of the module doc for one view: the aggregate's state (``states``, the view's
     :class:`~mvsink.desired.linear_aggregate.GroupStates`) of the rest of the join, held at
-    :attr:`time`, and how the dimension's and the rest's changes meet it."""
+    :attr:`time` in Spark (:attr:`state`) or in this process as an Arrow table (:meth:`arrow`,
+    moved by :mod:`mvsink.desired.arrow_dimension`), and how the dimension's and the rest's
+    changes meet it in Spark."""
 
     def __init__(self, split: DimensionSplit, states: GroupStates):
         self.split, self._states = split, states
+        self._like = split.rows_like
         self._keys = tuple(k for _, k in split.keys)
         names, groups = states.group_names, states.aggregate.groups
         #: The dimension's grouping columns: their state columns and their names in its rows.
         self._dimension_groups = {names[groups.index(g)]: g for g in split.groups}
         self._null_groups = [F.lit(None).cast(split.group_types[g]).alias(g) for g in split.groups]
         self._columns = [*names, *states.value_names]
-        self.state: DataFrame | None = None
+        self._state: DataFrame | None = None
+        #: ``R`` as an Arrow table where it is held here (then :attr:`state` is made from it when
+        #: Spark needs it), in the types of Spark's (``_schema``).
+        self._arrow: pa.Table | None = None
+        self._schema: T.StructType | None = None
         self.time: int | None = None
         self.size = 0
         self._quiet = 0
@@ -229,10 +246,39 @@ class HeldRest:
         """Rows of the rest (:meth:`DimensionSplit.rest_rows`) at ``diff`` as ``R``'s state rows."""
         return self._states.rows_as_state(rest.select("*", *self._null_groups), diff, self._keys)
 
+    @property
+    def state(self) -> DataFrame | None:
+        """``R`` held, as a Spark DataFrame (a local relation where it is held here); None where none is."""
+        if self._state is None and self._arrow is not None:
+            self._state = local_relation(self._like.sparkSession, self._arrow, self._schema)
+        return self._state
+
+    @state.setter
+    def state(self, state: DataFrame | None) -> None:
+        self._state, self._arrow = state, None
+
     def hold(self, time: int, rest: DataFrame) -> None:
         """``R`` at ``time``: the rest's rows at its versions, summed, held."""
         self.state, self.size = checkpointed(self._summed(self.as_state(rest, 1)))
         self.time, self._quiet, self._beside = time, 0, 0
+
+    def arrow(self) -> pa.Table | None:
+        """``R`` held, as an Arrow table (collected once from Spark where it was held there,
+        the changes beside it summed first); None where it has more than
+        :data:`~mvsink.desired.arrow_groups.MOST_GROUPS` groups."""
+        if self._arrow is None:
+            if self._beside:
+                self.state, self.size = checkpointed(self._summed(self.state))
+                self._beside = 0
+            if self.size > MOST_GROUPS:
+                return None
+            self._schema = self._state.schema
+            self._arrow = self._state.toArrow()
+        return self._arrow
+
+    def hold_arrow(self, time: int, rest: pa.Table) -> None:
+        """``R`` at ``time``: ``rest``, in the types of :meth:`arrow`'s, held here."""
+        self._state, self._arrow, self.time, self.size = None, rest, time, rest.num_rows
 
     def move(self, time: int, changed: DataFrame, rows: int) -> None:
         """``R`` at ``time``: ``R`` at the time before and ``changed`` (``rows`` state rows, held),
@@ -266,7 +312,7 @@ class HeldRest:
         """Whether a step keeps ``R`` (held or to be held): where the dimension's version moves,
         and until :data:`QUIET_STEPS` steps in a row have not moved it (then ``R`` is dropped)."""
         self._quiet = 0 if dimension_moves else self._quiet + 1
-        if self._quiet >= QUIET_STEPS or self.state is None and not dimension_moves:
+        if self._quiet >= QUIET_STEPS or self._state is None and self._arrow is None and not dimension_moves:
             self.state = self.time = None
             return False
         return True

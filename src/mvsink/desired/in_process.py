@@ -146,6 +146,16 @@ class InProcessTerms:
             return schema.empty_table(), listed
         return pa.concat_tables(parts), listed
 
+    def rows_of(self, name: str, version: int, cuts: list[tuple[str, list[tuple]]]) -> tuple[pa.Table, list[SourceRead]]:
+        """The plan's rows over source ``name`` alone (a plan of one source) at ``version``, its
+        rows in the files that can hold a value of each ``(column, ranges)`` of ``cuts``, and the
+        read; :class:`Declined` as :meth:`terms`."""
+        self._rows_read, listed = 0, []
+        try:
+            return self._plan.evaluate({name: self._other_side(name, version, cuts, {}, listed)}), listed
+        except NotEvaluated as exc:
+            raise Declined(f"a value Spark decides: {exc}") from None
+
     def _changes(self, name: str, times: list[int], versions: Callable[[int], dict[str, int]]) -> pa.Table:
         """Source ``name``'s changed rows at ``times`` (the plan's columns of it), with ``TIME``
         and ``DIFF``, read from the files its commits name."""

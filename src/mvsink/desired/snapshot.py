@@ -65,7 +65,8 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_type
 
 from mvsink.correction import checkpointed, held_observing
-from mvsink.desired.arrow_groups import MOST_GROUPS, ArrowGroups, arrow_groups
+from mvsink.desired.arrow_dimension import ArrowDimension
+from mvsink.desired.arrow_groups import MOST_GROUPS, ArrowGroups, Step, arrow_groups
 from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.change_size import ChangeSize, change_size, source_bytes
@@ -277,6 +278,12 @@ class SnapshotDesired(Desired):
         if self._in_process is not None and self.aggregate is not None:
             found = arrow_groups(self.aggregate, self.user_schema, view.key)
             self._arrow_groups, self._arrow_groups_refused = (None, found) if isinstance(found, str) else (found, None)
+        #: Where a dimension's steps are computed in this process too (:mod:`mvsink.desired.arrow_dimension`):
+        #: how; else what its plans have that is not translated (None: not such a query).
+        self._arrow_dimension: ArrowDimension | None = None
+        self._arrow_dimension_refused: str | None = None
+        if self._rest is not None and self._arrow_groups is not None:
+            self._arrow_dimension = self._dimension_in_process(read_held)
         log.info("view %r: %s", view.view_id, self.strategy_description())
 
     def strategy_description(self) -> str:
@@ -292,8 +299,14 @@ class SnapshotDesired(Desired):
     def _in_process_words(self) -> str:
         """Where an inner join's or a linear aggregate's terms are computed, in words (none for other strategies)."""
         if self._in_process is not None and self._arrow_groups is not None:
+            dimension = ""
+            if self._rest is not None:
+                dimension = (f" (while {self._rest.split.dimension} changes too: the rest of the join held here)"
+                             if self._arrow_dimension is not None else
+                             f" (while {self._rest.split.dimension} changes, in Spark: its plans have "
+                             f"{self._arrow_dimension_refused})")
             return ("; a step whose change is small computes its terms and moves its groups' state in this "
-                    "process with Arrow (the steps say so: terms and groups in process), others in Spark")
+                    f"process with Arrow{dimension} (the steps say so: terms and groups in process), others in Spark")
         if self._in_process is not None:
             groups = (f" (its groups' state is moved in Spark: {self._arrow_groups_refused})"
                       if self._arrow_groups_refused else "")
@@ -843,6 +856,10 @@ class SnapshotDesired(Desired):
         moving = {name for name in self.read
                   if any(self.timeline.versions(t - 1)[name] != self.timeline.versions(t)[name] for t in times)}
         rest = self._rest if self._rest is not None and self._rest.stepped(self._rest.split.dimension in moving) else None
+        if rest is not None and self._arrow_dimension is not None:
+            moved = self._dimension_moved_here(times)
+            if moved is not None:
+                return moved
         computed = self._terms_here(times) if self._in_process is not None and rest is None else None
         if computed is not None and self._arrow_groups is not None:
             moved = self._moved_here(times, *computed)
@@ -906,6 +923,52 @@ class SnapshotDesired(Desired):
         return InProcessTerms(plan, {name: self.sources[name] for name in self.read}, self.read, self._join_keys,
                               {name: read_held[name].schema for name in self.read})
 
+    def _dimension_in_process(self, read_held: dict[str, DataFrame]) -> ArrowDimension | None:
+        """How a dimension's steps are computed in this process: the dimension's filters and
+        projections, and the rest's plan, over the held rows, translated; None where they are not."""
+        split = self._rest.split
+        dimension, others = split.dimension, tuple(name for name in self.read if name != split.dimension)
+        names = held_names(read_held)
+        try:
+            side = ArrowPlan(split.side_rows(read_held[dimension]), names)
+            rest = ArrowPlan(split.rest_rows({name: read_held[name] for name in others}), names)
+        except NotTranslated as exc:
+            self._arrow_dimension_refused = str(exc)
+            return None
+        keys = {name: {other: pairs for other, pairs in self._join_keys.get(name, {}).items() if other in others}
+                for name in others}
+        return ArrowDimension(
+            split, self._arrow_groups,
+            InProcessTerms(side, {dimension: self.sources[dimension]}, (dimension,), {},
+                           {dimension: read_held[dimension].schema}),
+            InProcessTerms(rest, {name: self.sources[name] for name in others}, others, keys,
+                           {name: read_held[name].schema for name in others}))
+
+    def _dimension_moved_here(self, times: list[int]) -> Changes | None:
+        """The groups' state moved in this process by the dimension's and the rest's changes,
+        the rest held here (:mod:`mvsink.desired.arrow_dimension`), and its updates as a local
+        relation; None where the step is Spark's (the reason logged), nothing moved."""
+        state = self._arrow_state()
+        if state is None:
+            log.info("view %r: its groups' state is moved by Spark: more than %d groups", self.view.view_id, MOST_GROUPS)
+            return None
+        if self._rest.time != times[0] - 1:
+            self._hold_rest(times[0] - 1)
+        held = self._rest.arrow()
+        if held is None:
+            log.info("view %r: the rest of its join is moved by Spark: more than %d groups", self.view.view_id,
+                     MOST_GROUPS)
+            return None
+        try:
+            step = self._arrow_dimension.step(held, state.schema, times, self.timeline.versions)
+            moved = self._arrow_groups.step_by(state, step.changes)
+        except (Declined, NotEvaluated) as exc:
+            log.info("view %r: the terms of times %d..%d are computed by Spark: %s",
+                     self.view.view_id, times[0], times[-1], exc)
+            return None
+        self._rest.hold_arrow(times[-1], step.rest)
+        return self._held_step(times, moved, step.reads)
+
     def _terms_here(self, times: list[int]) -> tuple[pa.Table, list[SourceRead]] | None:
         """The rows of the join's change terms (a linear aggregate's input rows, with their
         ``TIME`` and ``DIFF``) computed in this process, and the other sides' reads; None where
@@ -947,6 +1010,10 @@ class SnapshotDesired(Desired):
             log.info("view %r: the groups' state of times %d..%d is moved by Spark: %s",
                      self.view.view_id, times[0], times[-1], exc)
             return None
+        return self._held_step(times, step, reads)
+
+    def _held_step(self, times: list[int], step: Step, reads: list[SourceRead]) -> Changes:
+        """The groups' state after ``step`` (moved here over ``times``) held here, and its changes."""
         self._state_arrow, self._state, self._state_groups = step.state, None, step.state.num_rows
         self._state_time = times[-1]
         schema = T.StructType([*self.user_schema.fields, T.StructField(TIME, T.LongType()),
