@@ -342,3 +342,49 @@ def test_groups_state_moved_here_fits_sparks_types_or_is_left_to_spark():
     assert sorted(moved.keys_moved.to_pylist(), key=str) == sorted([{"g": None}, {"g": 2}], key=str)
     with pytest.raises(NotEvaluated, match="does not fit int64"):
         groups.moved(state, groups.state_rows(rows([(1, 2 ** 62, 1), (1, 2 ** 62, 1)]), state.schema))
+
+
+def test_only_the_changed_groups_of_a_large_state_are_regrouped_and_move_as_all_would(monkeypatch):
+    """A state far larger than its change regroups only the groups the change has
+    (``arrow_groups._in_groups``: null grouping values equal, a string and a date among the
+    groups): the state, the rows retracted and added, and the keys moved are those of regrouping
+    the whole state."""
+    from mvsink.desired import arrow_groups as module
+
+    aggregate = LinearAggregate(("k", "s", "d"), (Output("k", "group", "k"), Output("s", "group", "s"),
+                                                 Output("d", "group", "d"), Output("v", "sum", "v", kept_as="decimal(22,2)"),
+                                                 Output("n", "rows", None)))
+    schema = T.StructType([T.StructField("k", T.LongType()), T.StructField("s", T.StringType()),
+                           T.StructField("d", T.DateType()), T.StructField("v", T.DecimalType(22, 2)),
+                           T.StructField("n", T.LongType())])
+    groups = arrow_groups(aggregate, schema, ("k",))
+    rng = random.Random(3)
+    keys = [None, *range(300)]
+    groups_of = [(k, rng.choice(["a", "b", None]), rng.choice([None, datetime.date(2024, 1, rng.randint(1, 3))]))
+                 for k in keys for _ in range(2)]
+    unique = sorted(set(groups_of), key=str)
+    state = pa.table({"_mv_g0": pa.array([g[0] for g in unique], pa.int64()),
+                      "_mv_g1": pa.array([g[1] for g in unique], pa.string()),
+                      "_mv_g2": pa.array([g[2] for g in unique], pa.date32()),
+                      "_mv_n": pa.array([2] * len(unique), pa.int64()),
+                      "_mv_a3": pa.array([Decimal("1.50")] * len(unique), pa.decimal128(22, 2)),
+                      "_mv_nn3": pa.array([2] * len(unique), pa.int64())})
+    changed_groups = [rng.choice(unique) for _ in range(12)] + [(None, None, None), (999, "a", None)]
+    rows = pa.table({"k": pa.array([g[0] for g in changed_groups], pa.int64()),
+                     "s": pa.array([g[1] for g in changed_groups], pa.string()),
+                     "d": pa.array([g[2] for g in changed_groups], pa.date32()),
+                     "v": pa.array([Decimal("0.75")] * len(changed_groups), pa.decimal128(12, 2)),
+                     DIFF: pa.array([rng.choice([1, -1]) for _ in changed_groups], pa.int64())})
+    changed = groups.state_rows(rows, state.schema)
+    assert module._in_groups(state, changed, groups.group_names) is not None
+    moved = groups.moved(state, changed)
+    monkeypatch.setattr(module, "_REGROUPED_SHARE", 10 ** 9)
+    whole = groups.moved(state, changed)
+
+    def rows_of(table: pa.Table) -> list:
+        return sorted(map(str, table.to_pylist()))
+
+    assert moved.state.schema == whole.state.schema == state.schema
+    for part in ("state", "retracted", "added", "keys_moved"):
+        assert rows_of(getattr(moved, part)) == rows_of(getattr(whole, part)), part
+    assert moved.added.num_rows and moved.retracted.num_rows

@@ -101,8 +101,11 @@ class ArrowDimension:
         wanted = [*(d for d, _ in self._split.keys), *self._split.groups, DIFF]
         renamed = [f"_mv_side{i}" for i in range(len(wanted))]
         side = sides.select(wanted).rename_columns(renamed)
-        joined = states.join(side, keys=self._keys, right_keys=renamed[:len(self._keys)], join_type="inner",
-                             use_threads=False)
+        side_keys = renamed[:len(self._keys)]
+        if states.num_rows >= side.num_rows:  # Arrow's hash join builds its table of the right side
+            joined = states.join(side, keys=self._keys, right_keys=side_keys, join_type="inner", use_threads=False)
+        else:
+            joined = side.join(states, keys=side_keys, right_keys=self._keys, join_type="inner", use_threads=False)
         by_group = dict(zip(self._split.groups, renamed[len(self._keys):-1]))
         negated = pc.equal(joined.column(renamed[-1]), -1)
         columns = {}

@@ -39,7 +39,9 @@ from mvsink.updates import DIFF, TIME
 
 #: The most groups whose state is held here (a few tens of MB); a larger state stays in Spark.
 MOST_GROUPS = 1_000_000
-_TOUCHED, _BEFORE = "_mv_touched", "_before"
+_TOUCHED, _BEFORE, _ROW = "_mv_touched", "_before", "_mv_row"
+#: Where the state has more than this many rows per changed row, only its changed groups are regrouped.
+_REGROUPED_SHARE = 4
 _WIDE = 76
 
 
@@ -153,8 +155,13 @@ class ArrowGroups:
         return pa.table({**columns, **{k: rows.column(k) for k in keep}})
 
     def moved(self, state: pa.Table, changed: pa.Table) -> Moved:
-        """``state`` (in its own types) moved by ``changed`` (of :meth:`state_rows`)."""
-        state_schema = state.schema
+        """``state`` (in its own types) moved by ``changed`` (of :meth:`state_rows`): only its
+        groups that ``changed`` has are regrouped where they are few (:func:`_in_groups`)."""
+        state_schema, untouched = state.schema, None
+        if self.group_names and state.num_rows > _REGROUPED_SHARE * changed.num_rows:
+            touched = _in_groups(state, changed, self.group_names)
+            if touched is not None:
+                state, untouched = state.filter(touched), state.filter(pc.invert(touched))
         wide = pa.table({**{g: state.column(g) for g in self.group_names},
                          **{c: pc.cast(state.column(c), wide_type(state_schema.field(c).type)) for c in self.value_names}})
         tagged = pa.concat_tables([wide.append_column(_TOUCHED, pa.repeat(False, state.num_rows)),
@@ -175,7 +182,10 @@ class ArrowGroups:
         differs = pc.or_(pc.not_equal(had, has), pc.invert(same))
         retract, add = pc.and_(had, differs), pc.and_(has, differs)
         kept = summed.filter(self._has_rows(summed, "")) if self.group_names else summed
-        new_state = pa.table({c: fitted(kept.column(c), state_schema.field(c).type) for c in state_schema.names})
+        new_state = pa.Table.from_arrays([fitted(kept.column(c), state_schema.field(c).type) for c in state_schema.names],
+                                         schema=state_schema)
+        if untouched is not None:
+            new_state = pa.concat_tables([untouched, new_state])
         retracted, added = before.filter(retract), after.filter(add)
         if not self._key:
             keys_moved = pa.table({})
@@ -235,6 +245,46 @@ def fitted(values: pa.ChunkedArray, data_type: pa.DataType) -> pa.ChunkedArray:
         return pc.cast(values, data_type, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise NotEvaluated(f"a value does not fit {data_type}: {exc}") from None
+
+
+def _in_groups(state: pa.Table, changed: pa.Table, groups: list[str]) -> pa.ChunkedArray | None:
+    """Whether each row of ``state`` has a group (its ``groups`` columns) that a row of ``changed``
+    has, null values equal; None where Arrow's joins do not take a column's type, or a column is
+    all null."""
+    right = changed.select(groups).cast(state.select(groups).schema)
+    fillers = {g: _first_value(state.column(g), right.column(g)) for g in groups}
+    if None in fillers.values():
+        return None
+    row_ids = pa.array(range(state.num_rows), pa.int64())
+    try:
+        left = _null_flagged(state.select(groups), fillers).append_column(_ROW, row_ids)
+        right = _null_flagged(right, fillers)
+        keys = right.column_names
+        found = left.join(right.group_by(keys, use_threads=False).aggregate([]), keys=keys, join_type="left semi",
+                          use_threads=False)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return pc.is_in(row_ids, value_set=found.column(_ROW).combine_chunks())
+
+
+def _null_flagged(table: pa.Table, fillers: dict[str, pa.Scalar]) -> pa.Table:
+    """``table``'s columns with their nulls replaced by the column's filler, each beside whether
+    it was null: equal rows are equal here, null values included (a join matches no null)."""
+    columns = {}
+    for name in table.column_names:
+        column = table.column(name)
+        columns[name] = pc.fill_null(column, fillers[name])
+        columns[name + "_null"] = pc.is_null(column)
+    return pa.table(columns)
+
+
+def _first_value(*columns: pa.ChunkedArray) -> pa.Scalar | None:
+    """The first non-null value of ``columns`` (None: they are all null)."""
+    for column in columns:
+        values = column.drop_null()
+        if len(values):
+            return values[0]
+    return None
 
 
 def _null_safe_equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> pa.ChunkedArray:
