@@ -31,9 +31,8 @@ from functools import reduce
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_type
 
-from mvsink.desired.arrow_plan import NotEvaluated
+from mvsink.desired.arrow_plan import NotEvaluated, arrow_schema
 from mvsink.desired.linear_aggregate import ROWS, LinearAggregate, group_column, nonnull_column, value_column
 from mvsink.updates import DIFF, TIME
 
@@ -88,7 +87,7 @@ class ArrowGroups:
 
     def __init__(self, aggregate: LinearAggregate, schema: T.StructType, key: tuple[str, ...]):
         self.aggregate = aggregate
-        self._schema = pa.schema([pa.field(f.name, to_arrow_type(f.dataType)) for f in schema.fields])
+        self._schema = arrow_schema(schema)
         #: The state's columns: its grouping columns, and its values (the row count, each
         #: aggregate's value and non-nulls).
         self.group_names = [group_column(i) for i in range(len(aggregate.groups))]

@@ -85,7 +85,7 @@ class ArrowPlan:
         self._root = self._node(plan)
         self._output = [(_column(a), a.name()) for a in scala_items(plan.output())]
         self.schema = rows.schema
-        self.arrow_schema = pa.schema([pa.field(f.name, to_arrow_type(f.dataType)) for f in rows.schema.fields])
+        self.arrow_schema = arrow_schema(rows.schema)
 
     def evaluate(self, sources: dict[str, pa.Table]) -> pa.Table:
         """The plan's rows over ``sources`` (by name, each with at least :attr:`columns` of it)."""
@@ -156,6 +156,12 @@ class ArrowPlan:
                                         coalesce_keys=False)
             return reduce(_filtered, rest, joined)
         return join
+
+
+def arrow_schema(schema: T.StructType) -> pa.Schema:
+    """``schema``'s columns in their Arrow types, each nullable (whatever Spark says: a row of a
+    join's or an aggregate's may be null where its source's is not)."""
+    return pa.schema([pa.field(f.name, to_arrow_type(f.dataType)) for f in schema.fields])
 
 
 def _used_ids(plan) -> set[int]:

@@ -43,10 +43,9 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_type
 
 from mvsink import storage
-from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated
+from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, arrow_schema
 from mvsink.desired.changes import SourceRead, feed_is_small
 from mvsink.desired.join import ranges_of_values
 from mvsink.desired.listed_files import files_in_ranges, is_plain
@@ -85,8 +84,7 @@ class InProcessTerms:
                  join_keys: dict[str, dict[str, list[tuple[str, str]]]], schemas: dict[str, T.StructType]):
         self._plan, self._paths, self._read, self._join_keys = plan, paths, read, join_keys
         self._schemas = {name: T.StructType([schemas[name][c] for c in plan.columns[name]]) for name in read}
-        self._arrow = {name: pa.schema([pa.field(f.name, to_arrow_type(f.dataType)) for f in schema.fields])
-                       for name, schema in self._schemas.items()}
+        self._arrow = {name: arrow_schema(schema) for name, schema in self._schemas.items()}
         self._full_schemas = {name: schemas[name] for name in read}
         self._columns = {name: [(f.name, f.dataType.simpleString()) for f in schemas[name].fields] for name in read}
         self._versions: dict[tuple[str, int], _Version] = {}

@@ -62,12 +62,11 @@ from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_type
 
 from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.arrow_dimension import ArrowDimension
 from mvsink.desired.arrow_groups import MOST_GROUPS, ArrowGroups, Step, arrow_groups
-from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated
+from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated, arrow_schema
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.change_size import ChangeSize, change_size, source_bytes
 from mvsink.desired.aggregate_top import RowWiseTop, aggregate_groups
@@ -1025,8 +1024,7 @@ class SnapshotDesired(Desired):
         touched, ranges = None, None
         if step.key_counts_change:  # the key check reads the table's files that can hold their first column
             key_schema = T.StructType([self.user_schema[k] for k in self.view.key])
-            touched = local_relation(self._session(), step.touched.cast(pa.schema(
-                [pa.field(f.name, to_arrow_type(f.dataType)) for f in key_schema.fields])), key_schema)
+            touched = local_relation(self._session(), step.touched.cast(arrow_schema(key_schema)), key_schema)
             first = step.touched.column(self.view.key[0])
             if is_ranged(key_schema[0].dataType.simpleString()):
                 values = sorted({v for v in first.to_pylist() if v is not None})
