@@ -22,8 +22,9 @@ rows of ``D`` included). So a step's change, taking ``D``'s term first in the de
 
 with ``ΔR`` the rest's own terms (its sources' changes joined with the others, pruned by keys as
 any join's terms, :mod:`mvsink.desired.join`), grouped into ``R``'s state rows. Neither term reads
-the rest whole: ``ΔD`` meets ``R`` (held in Spark, as large as the view's state), and ``ΔR`` is
-the change's own work. ``R`` moves by ``ΔR`` at each time, held.
+the rest whole: ``ΔD`` meets ``R`` (held in Spark, as large as the view's state; or in the driver,
+where the step is computed there: :mod:`mvsink.desired.arrow_dimension`), and ``ΔR`` is the
+change's own work. ``R`` moves by ``ΔR`` at each time, held.
 
 The states here are :class:`~mvsink.desired.linear_aggregate.GroupStates`' rows of the view's
 aggregate (its groups ``_mv_g<i>``, counts and sums); ``R``'s rows have ``D``'s grouping columns
@@ -75,8 +76,8 @@ class DimensionSplit:
     def __init__(self, like: DataFrame, dimension: str, rest, side, keys: list[tuple], groups: list[str],
                  leaves: dict[int, str], owners: dict[int, str]):
         self._like, self._nodes = like, Catalyst(like.sparkSession.sparkContext._jvm)
-        #: A DataFrame of the aggregate's (for its session).
-        self.rows_like = like
+        #: The Spark session of the aggregate's rows.
+        self.session = like.sparkSession
         #: The dimension source's name, and its grouping columns (names of the aggregate's input).
         self.dimension, self.groups = dimension, tuple(groups)
         self._rest, self._side, self._leaves = rest, side, leaves
@@ -224,7 +225,6 @@ class HeldRest:
 
     def __init__(self, split: DimensionSplit, states: GroupStates):
         self.split, self._states = split, states
-        self._like = split.rows_like
         self._keys = tuple(k for _, k in split.keys)
         names, groups = states.group_names, states.aggregate.groups
         #: The dimension's grouping columns: their state columns and their names in its rows.
@@ -250,7 +250,7 @@ class HeldRest:
     def state(self) -> DataFrame | None:
         """``R`` held, as a Spark DataFrame (a local relation where it is held here); None where none is."""
         if self._state is None and self._arrow is not None:
-            self._state = local_relation(self._like.sparkSession, self._arrow, self._schema)
+            self._state = local_relation(self.split.session, self._arrow, self._schema)
         return self._state
 
     @state.setter
