@@ -38,7 +38,7 @@ from mvsink.desired.arrow_groups import ArrowGroups, fitted, wide_type
 from mvsink.desired.changes import SourceRead
 from mvsink.desired.dimension import DimensionSplit
 from mvsink.desired.in_process import InProcessTerms
-from mvsink.desired.join import ranges_of_values
+from mvsink.desired.join import ranges_of_column
 from mvsink.desired.linear_aggregate import ROWS
 from mvsink.updates import DIFF, TIME
 
@@ -83,8 +83,7 @@ class ArrowDimension:
             moved = rest.filter(pc.equal(rest.column(TIME), time))
             if moved.num_rows:  # D(after) ⋈ ΔR, and R moved by ΔR
                 delta = self._groups.state_rows(moved, state_schema, tuple(self._keys))
-                cuts = [(column, ranges_of_values(sorted(pc.unique(delta.column(key).drop_null()).to_pylist())))
-                        for column, key in self._split.source_keys]
+                cuts = [(column, ranges_of_column(delta.column(key))) for column, key in self._split.source_keys]
                 after, read = self._side.rows_of(dimension, versions(time)[dimension], cuts)
                 reads += read
                 parts.append(self._joined(delta, after.append_column(DIFF, pa.repeat(pa.scalar(1, pa.int64()),

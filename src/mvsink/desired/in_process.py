@@ -47,7 +47,7 @@ from pyspark.sql import types as T
 from mvsink import storage
 from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, arrow_schema
 from mvsink.desired.changes import SourceRead, feed_is_small
-from mvsink.desired.join import ranges_of_values
+from mvsink.desired.join import ranges_of_column
 from mvsink.desired.listed_files import files_in_ranges, is_plain
 from mvsink.desired.log_changes import CHANGE_TYPE, LogChangesUnavailable, change_files
 from mvsink.table import file_uri, spark_uri
@@ -106,7 +106,7 @@ class InProcessTerms:
         try:
             changes = {name: self._changes(name, times, versions) for name in self._read
                        if any(versions(t - 1)[name] != versions(t)[name] for t in times)}
-            ranges = {(name, column): self._ranges(rows, column) for name, rows in changes.items()
+            ranges = {(name, column): ranges_of_column(rows.column(column)) for name, rows in changes.items()
                       for column in sorted({c for pairs in self._join_keys.get(name, {}).values() for c, _ in pairs})}
             reads: dict[tuple, pa.Table] = {}
             listed: list[SourceRead] = []
@@ -184,12 +184,6 @@ class InProcessTerms:
         if not parts:
             return self._arrow[name].append(pa.field(TIME, pa.int64())).append(pa.field(DIFF, pa.int64())).empty_table()
         return pa.concat_tables(parts)
-
-    def _ranges(self, rows: pa.Table, column: str) -> list[tuple]:
-        """Ranges covering the non-null values of ``column`` in ``rows`` (see
-        :func:`~mvsink.desired.join.key_ranges`)."""
-        values = pc.unique(rows.column(column).drop_null())
-        return ranges_of_values(sorted(values.to_pylist()))
 
     def _other_side(self, name: str, version: int, cuts: list[tuple[str, list[tuple]]], reads: dict[tuple, pa.Table],
                     listed: list[SourceRead]) -> pa.Table:

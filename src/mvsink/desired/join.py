@@ -56,6 +56,8 @@ import datetime
 import json
 from decimal import Decimal
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -254,6 +256,11 @@ def ranges_of_values(values: list, cut: bool = True) -> list[tuple]:
     if not values:
         return []
     return _cut(values) if cut and len(values) <= MOST_KEYS else [(values[0], values[-1])]
+
+
+def ranges_of_column(column: pa.ChunkedArray | pa.Array) -> list[tuple]:
+    """Ranges covering the non-null values of an Arrow ``column``, as :func:`ranges_of_values`."""
+    return ranges_of_values(sorted(pc.unique(column.drop_null()).to_pylist()))
 
 
 def _values(text: str, data_type: T.DataType) -> list:

@@ -74,7 +74,7 @@ from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes
                                     held_changes, touched_ranges, unreadable)
 from mvsink.desired.dimension import DimensionSplit, HeldRest, split_at_dimension
 from mvsink.desired.join import (apart_sources, held_names, is_inner_join, is_ranged, join_keys, key_ranges, key_sets,
-                                 pruned, ranges_of_values, reads_each_once)
+                                 pruned, ranges_of_column, reads_each_once)
 from mvsink.desired.in_process import Declined, InProcessTerms, local_relation
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_arguments, aggregate_of_aggregate,
@@ -565,9 +565,11 @@ class SnapshotDesired(Desired):
 
     def _arrow_state(self) -> pa.Table | None:
         """The groups' state held, as an Arrow table (collected once from Spark where it was
-        held there); None where it has more than :data:`MOST_GROUPS` groups."""
+        held there); None where it has more than :data:`MOST_GROUPS` groups (logged: Spark moves it)."""
         if self._state_arrow is None:
             if self._state_groups > MOST_GROUPS:
+                log.info("view %r: its groups' state is moved by Spark: more than %d groups", self.view.view_id,
+                         MOST_GROUPS)
                 return None
             self._state_schema = self._state.schema
             self._state_arrow = self._state.toArrow()
@@ -949,7 +951,6 @@ class SnapshotDesired(Desired):
         relation; None where the step is Spark's (the reason logged), nothing moved."""
         state = self._arrow_state()
         if state is None:
-            log.info("view %r: its groups' state is moved by Spark: more than %d groups", self.view.view_id, MOST_GROUPS)
             return None
         if self._rest.time != times[0] - 1:
             self._hold_rest(times[0] - 1)
@@ -1001,7 +1002,6 @@ class SnapshotDesired(Desired):
         is Spark's (a state too large, a value Spark decides: the reason logged), the state untouched."""
         state = self._arrow_state()
         if state is None:
-            log.info("view %r: its groups' state is moved by Spark: more than %d groups", self.view.view_id, MOST_GROUPS)
             return None
         try:
             step = self._arrow_groups.step(state, rows, times)
@@ -1027,8 +1027,7 @@ class SnapshotDesired(Desired):
             touched = local_relation(self._session(), step.touched.cast(arrow_schema(key_schema)), key_schema)
             first = step.touched.column(self.view.key[0])
             if is_ranged(key_schema[0].dataType.simpleString()):
-                values = sorted({v for v in first.to_pylist() if v is not None})
-                ranges = (ranges_of_values(values), first.null_count > 0)
+                ranges = (ranges_of_column(first), first.null_count > 0)
         return Changes(updates, step.updates.num_rows, times[0], step.key_counts_change, touched,
                        touched_ranges=ranges, **kwargs)
 
