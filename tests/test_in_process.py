@@ -8,18 +8,19 @@ import datetime
 import logging
 import random
 from collections import Counter
-from decimal import Decimal
+from decimal import Context, Decimal
 
 import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from helpers import create_source, edit_customers, edit_orders, insert, maintained_against_the_query
+from helpers import create_source, edit_customers, edit_orders, insert, maintained_against_the_query, query_over_a_source
 from mvsink.desired import in_process
 from mvsink.desired.in_process import local_relation
 from mvsink.desired.arrow_groups import arrow_groups
 from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated, arrow_schema
-from mvsink.desired.linear_aggregate import LinearAggregate, Output
+from mvsink.desired.linear_aggregate import LinearAggregate, Output, linear_aggregate
+from mvsink.desired.row_wise import TABLE_SCAN
 from mvsink.updates import DIFF
 
 ORDERS = "id BIGINT, cust BIGINT, amount INT, placed DATE"
@@ -93,16 +94,24 @@ TOTALS = ("SELECT sum(o.amount) AS amount, sum(l.price) AS price, count(l.discou
           "FROM lines l JOIN orders o ON l.order_id = o.id WHERE o.placed < DATE '2024-01-05'")
 
 
+#: Averages over Q3's join: of a decimal expression and a decimal (Spark's decimal division) and of
+#: an integer (a division of doubles), moved with the groups' state.
+AVERAGES = ("SELECT c.segment, o.placed, avg(l.price * (1 - l.discount)) AS revenue, avg(l.price) AS price, "
+            "avg(o.amount) AS amount, count(*) AS n FROM lines l JOIN orders o ON l.order_id = o.id "
+            "JOIN customers c ON o.cust = c.cust WHERE o.placed < DATE '2024-01-05' GROUP BY c.segment, o.placed")
+
+
 @pytest.mark.parametrize("sql, key, lines_feed, here", [
     (REVENUE, ("order_id", "segment", "placed"), True, "terms and groups"),
+    (AVERAGES, ("segment", "placed"), True, "terms and groups"),
     (REVENUE, ("order_id", "segment", "placed"), False, "terms and groups"),
     (REVENUE, ("order_id",), True, "terms and groups"),
     (TOTALS, (), True, "terms and groups"),
-    (LINE_REVENUE, (), True, "terms")], ids=["aggregate-feed", "aggregate-no-feed", "aggregate-order-key", "totals",
-                                            "join"])
+    (LINE_REVENUE, (), True, "terms")], ids=["aggregate-feed", "averages", "aggregate-no-feed", "aggregate-order-key",
+                                            "totals", "join"])
 def test_terms_in_process_keep_the_view_equal_to_the_query_at_every_time(spark, tmp_path, changes_computed,
                                                                          sql, key, lines_feed, here):
-    """Q3's shape, its join alone, and an aggregate without ``GROUP BY``, over random commits
+    """Q3's shape, its averages, its join alone, and an aggregate without ``GROUP BY``, over random commits
     (duplicate rows, null keys and values, rows changing their join partner, deletes on both
     sides in one time, a row deleted and inserted again, 1-3 commits per time, groups that appear
     and empty), the lines with or without their change data feed: at every time the view has the
@@ -353,6 +362,43 @@ def test_groups_state_moved_here_fits_sparks_types_or_is_left_to_spark():
     assert sorted(moved.keys_moved.to_pylist(), key=str) == sorted([{"g": None}, {"g": 2}], key=str)
     with pytest.raises(NotEvaluated, match="does not fit int64"):
         groups.moved(state, groups.state_rows(rows([(1, 2 ** 62, 1), (1, 2 ** 62, 1)]), state.schema))
+
+
+def test_averages_moved_here_are_sparks_to_the_last_place(spark, tmp_path):
+    """Averages moved in Arrow (``arrow_groups._average``) equal Spark's ``avg`` over the same
+    rows: of a decimal, a tie at the output's last place rounded half up (away from zero, so a
+    negative one too), a repeating quotient, a group of nulls; of integers, the division of doubles.
+    An average of a small decimal, which Spark computes in floating point, is refused."""
+    rows = ([("tie", 1, Decimal("0.01"))] + [("tie", 0, Decimal("0.00"))] * 31
+            + [("negative-tie", -7, Decimal("-0.01"))] + [("negative-tie", 2, Decimal("0.00"))] * 31
+            + [("third", 1, Decimal("1.00")), ("third", 1, Decimal("1.00")), ("third", 0, Decimal("0.00"))]
+            + [("nulls", None, None), ("nulls", None, None), ("large", 2 ** 31 - 1, Decimal("99999999999999.99")),
+               ("large", 2 ** 31 - 2, Decimal("99999999999999.98"))])
+    schema = "g STRING, i INT, d DECIMAL(16,2)"
+    sql = "SELECT g, avg(i) AS ai, avg(d) AS ad, avg(d * d) AS sq, count(*) AS n FROM src GROUP BY g"
+    query = query_over_a_source(spark, tmp_path, sql, rows[0], schema)
+    shape = linear_aggregate(query, TABLE_SCAN)
+    assert [out.average.how for out in shape.outputs if out.kind == "avg"] == ["double", "decimal", "decimal"]
+    groups = arrow_groups(shape, query.schema, ())
+    state = pa.schema([("_mv_g0", pa.string()), ("_mv_n", pa.int64()), ("_mv_a1", pa.decimal128(38, 0)),
+                       ("_mv_nn1", pa.int64()), ("_mv_a2", pa.decimal128(26, 2)), ("_mv_nn2", pa.int64()),
+                       ("_mv_a3", pa.decimal128(38, 4)), ("_mv_nn3", pa.int64())]).empty_table()
+    assert [f.name for f in state.schema][2:] == groups.value_names[1:], groups.value_names
+    spark.createDataFrame(rows, schema).createOrReplaceTempView("src")
+    expected = spark.sql(sql).collect()
+    changed = pa.table({"g": [r[0] for r in rows], "i": pa.array([r[1] for r in rows], pa.int32()),
+                        "d": pa.array([r[2] for r in rows], pa.decimal128(16, 2)),
+                        shape.outputs[3].column: pa.array([None if r[2] is None else Context(prec=40).multiply(r[2], r[2]) for r in rows],
+                                                          pa.decimal128(33, 4)),
+                        DIFF: pa.repeat(pa.scalar(1, pa.int64()), len(rows))})
+    added = groups.moved(state, groups.state_rows(changed, state.schema)).added
+    assert sorted(added.to_pylist(), key=str) == sorted((r.asDict() for r in expected), key=str)
+    by_group = {r["g"]: r for r in added.to_pylist()}
+    assert by_group["tie"]["ad"] == Decimal("0.000313") and by_group["negative-tie"]["ad"] == Decimal("-0.000313")
+    small = query_over_a_source(spark, tmp_path, "SELECT g, avg(d) AS a FROM src GROUP BY g", ("a", 1, Decimal(1)),
+                                "g STRING, i INT, d DECIMAL(10,2)")
+    assert arrow_groups(linear_aggregate(small, TABLE_SCAN), small.schema, ()) == (
+        "an avg of small decimals is Spark's floating point")
 
 
 def test_only_the_changed_groups_of_a_large_state_are_regrouped_and_move_as_all_would(monkeypatch):

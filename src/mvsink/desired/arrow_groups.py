@@ -8,8 +8,10 @@ updates reach Spark as a local relation.
 
 Taken (:func:`arrow_groups`) where the query is a linear aggregate with no top whose every grouping
 column is an output (distinct groups have distinct rows: the updates are consolidated as they
-are), its outputs are grouping columns, ``count`` and ``sum`` (of integers or decimals; an
-``avg`` is Spark's division, left to Spark), and its state has at most :data:`MOST_GROUPS` groups.
+are), its outputs are grouping columns, ``count``, and ``sum`` and ``avg`` of integers or decimals
+(an ``avg`` as Spark computes it from the group's sum and count: :func:`_average`; not the one of a
+decimal of at most 11 digits, which Spark computes in floating point and casts back), and its
+state has at most :data:`MOST_GROUPS` groups.
 
 Exactness: values are added as 256-bit decimals (a state's sum has at most 38 digits, so no sum of
 a step's rows can overflow them) and fitted to the state's and the output's types with checks; a
@@ -26,6 +28,7 @@ no key violation starts or ends, and no key check runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import reduce
 
 import pyarrow as pa
@@ -33,7 +36,8 @@ import pyarrow.compute as pc
 from pyspark.sql import types as T
 
 from mvsink.desired.arrow_plan import NotEvaluated, arrow_schema
-from mvsink.desired.linear_aggregate import ROWS, LinearAggregate, group_column, nonnull_column, value_column
+from mvsink.desired.linear_aggregate import (ROWS, Average, LinearAggregate, group_column, nonnull_column,
+                                             value_column)
 from mvsink.updates import DIFF, TIME
 
 #: The most groups whose state is held here (a few tens of MB); a larger state stays in Spark.
@@ -42,6 +46,9 @@ _TOUCHED, _BEFORE, _ROW = "_mv_touched", "_before", "_mv_row"
 #: Where the state has more than this many rows per changed row, only its changed groups are regrouped.
 _REGROUPED_SHARE = 4
 _WIDE = 76
+#: The ``how`` of the averages computed here (:class:`~mvsink.desired.linear_aggregate.Average`).
+_AVERAGES = ("double", "decimal")
+_EXACT_IN_DOUBLE = 2 ** 53
 
 
 @dataclass(frozen=True)
@@ -75,9 +82,11 @@ def arrow_groups(aggregate: LinearAggregate, schema: T.StructType, key: tuple[st
         return "the query computes over its aggregates"
     if not aggregate.rows_are_distinct:
         return "a grouping column is not an output"
-    kinds = {out.kind for out in aggregate.outputs} - {"group", "rows", "count", "sum"}
+    kinds = {out.kind for out in aggregate.outputs} - {"group", "rows", "count", "sum", "avg"}
     if kinds:
         return f"it has {sorted(kinds)[0]}"
+    if any(out.kind == "avg" and out.average.how not in _AVERAGES for out in aggregate.outputs):
+        return "an avg of small decimals is Spark's floating point"
     return ArrowGroups(aggregate, schema, key)
 
 
@@ -92,8 +101,8 @@ class ArrowGroups:
         #: aggregate's value and non-nulls).
         self.group_names = [group_column(i) for i in range(len(aggregate.groups))]
         self.value_names = [ROWS] + [c for i, out in enumerate(aggregate.outputs)
-                                 for c in {"count": [value_column(i)], "sum": [value_column(i), nonnull_column(i)]
-                                           }.get(out.kind, [])]
+                                 for c in {"count": [value_column(i)], "sum": [value_column(i), nonnull_column(i)],
+                                           "avg": [value_column(i), nonnull_column(i)]}.get(out.kind, [])]
         #: The state columns of each key column, where the key is grouping columns only (else None:
         #: a key's count can change wherever a row does).
         by_name = {out.name: group_column(aggregate.groups.index(out.column))
@@ -141,7 +150,7 @@ class ArrowGroups:
                    for g, name in zip(self.group_names, self.aggregate.groups)}
         columns[ROWS] = diff
         for i, out in enumerate(self.aggregate.outputs):
-            if out.kind not in ("count", "sum"):
+            if out.kind not in ("count", "sum", "avg"):
                 continue
             present = pc.is_valid(rows.column(out.column))
             counted = pc.if_else(present, diff, zero)
@@ -226,11 +235,54 @@ class ArrowGroups:
             elif out.kind == "count":
                 value = pc.fill_null(summed.column(value_column(i) + suffix), 0)
             else:
-                present = pc.greater(pc.fill_null(summed.column(nonnull_column(i) + suffix), 0), 0)
+                count = pc.fill_null(summed.column(nonnull_column(i) + suffix), 0)
+                present = pc.greater(count, 0)
                 total = summed.column(value_column(i) + suffix)
                 value = pc.if_else(present, total, pa.nulls(summed.num_rows, total.type))
+                if out.kind == "avg":
+                    value = _average(out.average, value, count, field.type)
             columns.append(fitted(value, field.type))
         return pa.Table.from_arrays(columns, schema=self._schema)
+
+
+def _average(average: Average, total: pa.ChunkedArray, count: pa.ChunkedArray, data_type: pa.DataType
+             ) -> pa.ChunkedArray:
+    """The averages of ``total`` (a group's sum, null where it has no non-null value) over
+    ``count``, as Spark computes them (:class:`~mvsink.desired.linear_aggregate.Average`):
+
+    * ``double`` (of integers): the sum and the count as doubles, divided. Both are exact where
+      the sum is within 2**53 (a larger one raises :class:`NotEvaluated`), and a division of
+      doubles is IEEE's in both.
+    * ``decimal``: the sum, which must fit Spark's sum type, divided by the count rounded half up
+      to 38 places (Spark's ``Decimal./``), then half up to the output's scale; a result that does
+      not fit the output raises :class:`NotEvaluated`. In integers, exactly."""
+    if average.how == "double":
+        if (pc.max(pc.abs(total)).as_py() or 0) > _EXACT_IN_DOUBLE:
+            raise NotEvaluated("an average's sum is past 2**53")
+        return pc.divide(pc.cast(total, pa.float64()), pc.cast(count, pa.float64()))
+    sum_precision = int(average.sum_type.removeprefix("decimal(").split(",")[0])
+    precision, scale = average.result
+    averages = []
+    for value, rows in zip(total.to_pylist(), count.to_pylist()):
+        if value is None:
+            averages.append(None)
+            continue
+        sign, digits, exponent = value.as_tuple()
+        unscaled = int("".join(map(str, digits))) * 10 ** (exponent + total.type.scale)
+        if unscaled >= 10 ** sum_precision:
+            raise NotEvaluated(f"an average's sum does not fit {average.sum_type}")
+        places_38 = _half_up(unscaled * 10 ** (38 - total.type.scale), rows)
+        result = _half_up(places_38, 10 ** (38 - scale))
+        if result >= 10 ** precision:
+            raise NotEvaluated(f"an average does not fit decimal({precision},{scale})")
+        averages.append(Decimal((sign, tuple(map(int, str(result))), -scale)))
+    return pa.chunked_array([pa.array(averages, pa.decimal128(precision, scale))])
+
+
+def _half_up(dividend: int, divisor: int) -> int:
+    """``dividend / divisor`` (both at least 0, ``divisor`` above 0) rounded half up."""
+    quotient, remainder = divmod(dividend, divisor)
+    return quotient + (2 * remainder >= divisor)
 
 
 def wide_type(data_type: pa.DataType) -> pa.DataType:

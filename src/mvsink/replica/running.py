@@ -86,7 +86,8 @@ class RunningView:
     def status(self) -> dict:
         hydration = self.view.hydration
         return {
-            "hydrated": self.view.frontier() is not None,
+            # The frontier is set as the hydration's step begins; hydrated only once it finished.
+            "hydrated": self.view.frontier() is not None and not hydration.running,
             "hydrating": hydration.running,
             "hydration_started_at": hydration.started_at,
             "hydration_seconds": hydration.elapsed() if hydration.running else hydration.last_seconds,
