@@ -308,6 +308,12 @@ class HeldRest:
                 columns.append(states[name].alias(name))
         return joined.select(*columns)
 
+    def groups_state(self, dimension_rows: DataFrame) -> DataFrame:
+        """The view's groups' state at :attr:`time` from ``R`` held and ``dimension_rows`` (the
+        dimension source's rows at that time's version): ``γ_G(D ⋈ R)`` of the module doc, one row
+        per group (one without ``GROUP BY`` even where no row joins, as the aggregate's)."""
+        return self._states.summed(self.joined(self.state, [(self.split.side_rows(dimension_rows), 1)]))
+
     def stepped(self, dimension_moves: bool) -> bool:
         """Whether a step keeps ``R`` (held or to be held): where the dimension's version moves,
         and until :data:`QUIET_STEPS` steps in a row have not moved it (then ``R`` is dropped)."""

@@ -544,8 +544,18 @@ class SnapshotDesired(Desired):
         return _through(self._top, self._groups.output(self._spark_state())).select(*self.user_schema.names)
 
     def _hold_state(self, time: int) -> None:
-        """The aggregate's state at ``time`` (and the one below's), from the sources at its versions, held."""
+        """The aggregate's state at ``time`` (and the one below's), from the sources at its versions,
+        held. Over a join with a dimension, the rest of the join is held at ``time`` first and the
+        state is the dimension's rows joined with it (:meth:`HeldRest.groups_state`): the same
+        reads, and a first step where the dimension moves finds the rest held."""
         versions = self.timeline.versions(time)
+        if self._rest is not None:  # the rest of the join held first, the state from it (no padding, no below)
+            self._hold_rest(time)
+            dimension = self._rest.split.dimension
+            (self._state, self._state_groups), self._state_time = checkpointed(
+                self._rest.groups_state(self._pinned(dimension, versions[dimension]))), time
+            self._state_arrow = None
+            return
         contents = ([inner_joined(self._contents(versions)), self._contents(versions, self._padded_rows)]
                     if self.padded  # the inner join plus the kept side padded (its padded side given no rows)
                     else [self._contents(versions)])
