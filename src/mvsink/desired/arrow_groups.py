@@ -240,13 +240,12 @@ class ArrowGroups:
                 total = summed.column(value_column(i) + suffix)
                 value = pc.if_else(present, total, pa.nulls(summed.num_rows, total.type))
                 if out.kind == "avg":
-                    value = _average(out.average, value, count, field.type)
+                    value = _average(out.average, value, count)
             columns.append(fitted(value, field.type))
         return pa.Table.from_arrays(columns, schema=self._schema)
 
 
-def _average(average: Average, total: pa.ChunkedArray, count: pa.ChunkedArray, data_type: pa.DataType
-             ) -> pa.ChunkedArray:
+def _average(average: Average, total: pa.ChunkedArray, count: pa.ChunkedArray) -> pa.ChunkedArray:
     """The averages of ``total`` (a group's sum, null where it has no non-null value) over
     ``count``, as Spark computes them (:class:`~mvsink.desired.linear_aggregate.Average`):
 

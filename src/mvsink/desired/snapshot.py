@@ -552,19 +552,18 @@ class SnapshotDesired(Desired):
         if self._rest is not None:  # the rest of the join held first, the state from it (no padding, no below)
             self._hold_rest(time)
             dimension = self._rest.split.dimension
-            (self._state, self._state_groups), self._state_time = checkpointed(
-                self._rest.groups_state(self._pinned(dimension, versions[dimension]))), time
-            self._state_arrow = None
-            return
-        contents = ([inner_joined(self._contents(versions)), self._contents(versions, self._padded_rows)]
-                    if self.padded  # the inner join plus the kept side padded (its padded side given no rows)
-                    else [self._contents(versions)])
-        parts = [self.aggregate.aggregate_input(rows) for rows in contents]
-        if self.below is not None:  # the outer join is the one below's, if there is one
-            self._below_state, self._below_size = checkpointed(
-                self._below_groups.state(*[self.below.aggregate_input(rows) for rows in parts]))
-            parts = [_through(self._below_top, self._below_groups.output(self._below_state))]
-        (self._state, self._state_groups), self._state_time = checkpointed(self._groups.state(*parts)), time
+            state = self._rest.groups_state(self._pinned(dimension, versions[dimension]))
+        else:
+            contents = ([inner_joined(self._contents(versions)), self._contents(versions, self._padded_rows)]
+                        if self.padded  # the inner join plus the kept side padded (its padded side given no rows)
+                        else [self._contents(versions)])
+            parts = [self.aggregate.aggregate_input(rows) for rows in contents]
+            if self.below is not None:  # the outer join is the one below's, if there is one
+                self._below_state, self._below_size = checkpointed(
+                    self._below_groups.state(*[self.below.aggregate_input(rows) for rows in parts]))
+                parts = [_through(self._below_top, self._below_groups.output(self._below_state))]
+            state = self._groups.state(*parts)
+        (self._state, self._state_groups), self._state_time = checkpointed(state), time
         self._state_arrow = None
 
     def _spark_state(self) -> DataFrame:
