@@ -9,7 +9,7 @@ updates reach Spark as a local relation.
 Taken (:func:`arrow_groups`) where the query is a linear aggregate with no top whose every grouping
 column is an output (distinct groups have distinct rows: the updates are consolidated as they
 are), its outputs are grouping columns, ``count``, and ``sum`` and ``avg`` of integers or decimals
-(an ``avg`` as Spark computes it from the group's sum and count: :func:`_average`; not the one of a
+(an ``avg`` as Spark computes it from the group's sum and count: :func:`spark_average`; not the one of a
 decimal of at most 11 digits, which Spark computes in floating point and casts back), and its
 state has at most :data:`MOST_GROUPS` groups.
 
@@ -164,10 +164,10 @@ class ArrowGroups:
 
     def moved(self, state: pa.Table, changed: pa.Table) -> Moved:
         """``state`` (in its own types) moved by ``changed`` (of :meth:`state_rows`): only its
-        groups that ``changed`` has are regrouped where they are few (:func:`_in_groups`)."""
+        groups that ``changed`` has are regrouped where they are few (:func:`rows_in_groups`)."""
         state_schema, untouched = state.schema, None
         if self.group_names and state.num_rows > _REGROUPED_SHARE * changed.num_rows:
-            touched = _in_groups(state, changed, self.group_names)
+            touched = rows_in_groups(state, changed, self.group_names)
             if touched is not None:
                 state, untouched = state.filter(touched), state.filter(pc.invert(touched))
         wide = pa.table({**{g: state.column(g) for g in self.group_names},
@@ -240,12 +240,12 @@ class ArrowGroups:
                 total = summed.column(value_column(i) + suffix)
                 value = pc.if_else(present, total, pa.nulls(summed.num_rows, total.type))
                 if out.kind == "avg":
-                    value = _average(out.average, value, count)
+                    value = spark_average(out.average, value, count)
             columns.append(fitted(value, field.type))
         return pa.Table.from_arrays(columns, schema=self._schema)
 
 
-def _average(average: Average, total: pa.ChunkedArray, count: pa.ChunkedArray) -> pa.ChunkedArray:
+def spark_average(average: Average, total: pa.ChunkedArray, count: pa.ChunkedArray) -> pa.ChunkedArray:
     """The averages of ``total`` (a group's sum, null where it has no non-null value) over
     ``count``, as Spark computes them (:class:`~mvsink.desired.linear_aggregate.Average`):
 
@@ -297,7 +297,7 @@ def fitted(values: pa.ChunkedArray, data_type: pa.DataType) -> pa.ChunkedArray:
         raise NotEvaluated(f"a value does not fit {data_type}: {exc}") from None
 
 
-def _in_groups(state: pa.Table, changed: pa.Table, groups: list[str]) -> pa.ChunkedArray | None:
+def rows_in_groups(state: pa.Table, changed: pa.Table, groups: list[str]) -> pa.ChunkedArray | None:
     """Whether each row of ``state`` has a group (its ``groups`` columns) that a row of ``changed``
     has, null values equal; None where Arrow's joins do not take a column's type, or a column is
     all null."""

@@ -67,6 +67,9 @@ ROWS, _TOUCHED = "_mv_n", "_mv_touched"
 #: added, and whether that may change a key's row count.
 _RETRACT, _ADD, _KEY_MOVES = "_mv_retract", "_mv_add", "_mv_key_moves"
 _EXACT_SUM_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.DecimalType)
+#: The types (Spark's JSON names; and every decimal) whose ``min``, ``max`` and distinct values
+#: Arrow computes as Spark does: integers, strings of the default (binary) collation, dates, booleans.
+RECOMPUTED_TYPES = ('"byte"', '"short"', '"integer"', '"long"', '"string"', '"date"', '"boolean"')
 
 
 @dataclass(frozen=True)
@@ -398,6 +401,22 @@ def aggregate_of_aggregate(result: DataFrame, scan: str, sources: int = 1, top: 
     return (outer, below, leaves) if below is not None else (None, None, None)
 
 
+def recomputed_shape(result: DataFrame, scan: str, sources: int = 1) -> LinearAggregate | None:
+    """The shape of ``result`` (a query over ``sources`` ``scan`` leaves) if it is one ``Aggregate``
+    (no top) grouping by columns over a row-wise query or an inner join, whose outputs are those of
+    a linear aggregate or ``min``, ``max`` (kinds ``min``, ``max``) and ``count(DISTINCT x)`` (kind
+    ``distinct``; one such argument in all) of a column or expression of a type whose order and
+    equality Arrow has as Spark has them (:data:`RECOMPUTED_TYPES`: no floating point, no
+    collation): an aggregate whose changed groups are recomputed from its input's rows
+    (:mod:`mvsink.desired.arrow_recompute`)."""
+    shape = _plain_shape(result, recomputed=True)
+    if shape is None or len({o.column for o in shape.outputs if o.kind == "distinct"}) > 1:
+        return None
+    child = result._jdf.queryExecution().optimizedPlan().child()
+    return shape if (plan_is_row_wise(child, scan) if sources == 1
+                     else plan_is_inner_join(child, scan, sources)) else None
+
+
 def aggregate_shape(result: DataFrame, top: bool = False) -> LinearAggregate | None:
     """The shape of ``result`` if its optimized plan is a linear ``Aggregate`` over any input
     (deterministic, reading no subquery): the caller says how that input's changes are had. With
@@ -411,8 +430,9 @@ def aggregate_shape(result: DataFrame, top: bool = False) -> LinearAggregate | N
     return replace(shape, top=True) if shape is not None else None
 
 
-def _plain_shape(result: DataFrame) -> LinearAggregate | None:
-    """The shape of ``result`` if its optimized plan is a linear ``Aggregate``, with no top."""
+def _plain_shape(result: DataFrame, recomputed: bool = False) -> LinearAggregate | None:
+    """The shape of ``result`` if its optimized plan is a linear ``Aggregate`` (with
+    ``recomputed``, one of :func:`recomputed_shape`), with no top."""
     plan = result._jdf.queryExecution().optimizedPlan()
     if plan.nodeName() != "Aggregate" or not plan.deterministic() or plan_reads_subqueries(result, plan):
         return None
@@ -433,19 +453,31 @@ def _plain_shape(result: DataFrame) -> LinearAggregate | None:
                 return None
             outputs.append(Output(name, "group", expr.name()))
             continue
-        out = _aggregate(expr, name, len(outputs))
+        out = _aggregate(expr, name, len(outputs), recomputed)
         if out is None:
             return None
         outputs.append(out)
     return LinearAggregate(tuple(groups), tuple(outputs))
 
 
-def _aggregate(expr, name: str, index: int) -> Output | None:
-    """The :class:`Output` of output ``index``'s expression, if it is a linear aggregate."""
-    function, divisor = _function(expr)
+def _aggregate(expr, name: str, index: int, recomputed: bool = False) -> Output | None:
+    """The :class:`Output` of output ``index``'s expression, if it is a linear aggregate (with
+    ``recomputed``, or ``min``, ``max``, ``count(DISTINCT x)``)."""
+    function, divisor = _function(expr, distinct=recomputed)
     if function is None:
         return None
     arguments = _seq(function.children())
+    distinct = recomputed and _kind(expr) == "AggregateExpression" and expr.isDistinct()
+    if recomputed and _kind(function) in ("Min", "Max") or distinct:
+        kind = "distinct" if distinct else _kind(function).lower()
+        if ((kind == "distinct") != (_kind(function) == "Count") or len(arguments) != 1
+                or arguments[0].dataType().json() not in RECOMPUTED_TYPES
+                and not arguments[0].dataType().json().startswith('"decimal(')):
+            return None
+        (argument,) = arguments
+        column, expression = ((argument.name(), None) if _kind(argument) == "AttributeReference"
+                              else (_input(index), argument.sql()))
+        return Output(name, kind, column, expression=expression)
     if _kind(function) == "Count" and len(arguments) == 1:
         (argument,) = arguments
         if _kind(argument) == "Literal" and not argument.nullable():
@@ -466,15 +498,15 @@ def _aggregate(expr, name: str, index: int) -> Output | None:
     return Output(name, "avg", column, kept_as, expression, _average_of(function, data_type, divisor))
 
 
-def _function(expr) -> tuple:
+def _function(expr, distinct: bool = False) -> tuple:
     """``(function, divisor)``: the aggregate function of ``expr`` where it is a plain (complete,
-    not distinct, unfiltered) one, else None; and where ``expr`` is the optimizer's rewrite of a
+    unfiltered; distinct only with ``distinct``) one, else None; and where ``expr`` is the optimizer's rewrite of a
     decimal ``avg``, ``CAST(avg(UnscaledValue(x)) / divisor AS decimal(...))``, that ``avg`` and
     its divisor (else None)."""
     divisor = None
     if _kind(expr) == "Cast" and _kind(expr.child()) == "Divide" and _kind(expr.child().right()) == "Literal":
         expr, divisor = expr.child().left(), float(expr.child().right().value())
-    if (_kind(expr) != "AggregateExpression" or expr.isDistinct() or expr.filter().isDefined()
+    if (_kind(expr) != "AggregateExpression" or expr.isDistinct() and not distinct or expr.filter().isDefined()
             or expr.mode().toString() != "Complete"):
         return None, None
     function = expr.aggregateFunction()
@@ -506,7 +538,7 @@ def _arguments(plan) -> list:
     grouping column or ``count(*)``)."""
     arguments = []
     for expr in _seq(plan.aggregateExpressions()):
-        function, _ = _function(expr.child() if _kind(expr) == "Alias" else expr)
+        function, _ = _function(expr.child() if _kind(expr) == "Alias" else expr, distinct=True)
         children = _seq(function.children()) if function is not None else []
         arguments.append(children[0] if len(children) == 1 else None)
     return arguments

@@ -46,7 +46,10 @@ which a change spread over every key would read whole. Where a step's changes ar
 join's terms, and a linear aggregate's over one or over one source, are computed in the driver
 with Arrow (:mod:`mvsink.desired.in_process`, the plan translated by
 :mod:`mvsink.desired.arrow_plan`) and reach Spark as a local relation; a step that cannot be
-(too large, a source that is not plain Parquet, a value Spark decides) is computed in Spark.
+(too large, a source that is not plain Parquet, a value Spark decides) is computed in Spark. An
+aggregate with ``min``, ``max`` or ``count(DISTINCT ...)`` over an inner join or one source, whose
+input is small, holds that input here and recomputes its changed groups from it
+(:mod:`mvsink.desired.arrow_recompute`) where the step's terms are computed here too.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from mvsink.correction import checkpointed, held_observing
 from mvsink.desired.arrow_dimension import ArrowDimension
 from mvsink.desired.arrow_groups import MOST_GROUPS, ArrowGroups, Step, arrow_groups
 from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated, arrow_schema
+from mvsink.desired.arrow_recompute import ArrowRecompute, arrow_recompute
 from mvsink.desired.change_feed import source_changes
 from mvsink.desired.change_size import ChangeSize, change_size, source_bytes
 from mvsink.desired.aggregate_top import RowWiseTop, aggregate_groups
@@ -78,7 +82,8 @@ from mvsink.desired.join import (apart_sources, held_names, is_inner_join, is_ra
 from mvsink.desired.in_process import Declined, InProcessTerms, local_relation
 from mvsink.desired.key_check import unique_keys
 from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_arguments, aggregate_of_aggregate,
-                                             aggregate_of_groups, aggregate_over_outer_join, linear_aggregate)
+                                             aggregate_of_groups, aggregate_over_outer_join, linear_aggregate,
+                                             recomputed_shape)
 from mvsink.desired.listed_files import add_actions, files_in_ranges, prunes, read_files, readable
 from mvsink.desired.outer_join import inner_joined
 from mvsink.desired.per_group import PerGroup, holding_rows_of, in_groups, per_group
@@ -283,6 +288,16 @@ class SnapshotDesired(Desired):
         self._arrow_dimension_refused: str | None = None
         if self._rest is not None and self._arrow_groups is not None:
             self._arrow_dimension = self._dimension_in_process(read_held)
+        #: Where a per-group aggregate's changed groups are recomputed in this process from its input
+        #: held here (:mod:`mvsink.desired.arrow_recompute`): how, and its terms; else why not (None:
+        #: not such a query). The input held (``_inputs``) is the one at ``_inputs_time``.
+        self._recompute: ArrowRecompute | None = None
+        self._recompute_terms: InProcessTerms | None = None
+        self._recompute_refused: str | None = None
+        self._inputs: pa.Table | None = None
+        self._inputs_time: int | None = None
+        if self.per_group is not None and self.aggregate is None and not self.per_group.joins:
+            self._recompute_in_process(query_over_held, read_held)
         log.info("view %r: %s", view.view_id, self.strategy_description())
 
     def strategy_description(self) -> str:
@@ -297,6 +312,12 @@ class SnapshotDesired(Desired):
 
     def _in_process_words(self) -> str:
         """Where an inner join's or a linear aggregate's terms are computed, in words (none for other strategies)."""
+        if self._recompute is not None:
+            return ("; a step whose change is small computes its terms in this process with Arrow and recomputes "
+                    "its changed groups there from the aggregate's input held (the steps say so: terms and groups "
+                    f"in process), others in Spark (the input held again after them, up to {MOST_GROUPS:,} rows)")
+        if self._recompute_refused is not None:
+            return f"; its changed groups are recomputed in Spark ({self._recompute_refused})"
         if self._in_process is not None and self._arrow_groups is not None:
             dimension = ""
             if self._rest is not None:
@@ -528,6 +549,8 @@ class SnapshotDesired(Desired):
         if self.aggregate is not None:  # its groups' state, held: the next changes move it
             self._hold_state(time)
             contents = self._state_result()
+        elif self._recompute is not None and self._hold_inputs(time):
+            contents = self._recomputed_result()
         elif self.row_wise or self.join or self.per_group is not None:
             contents = self._result_at(time)
         else:  # kept: the next changes are the difference to it
@@ -1024,6 +1047,10 @@ class SnapshotDesired(Desired):
         """The groups' state after ``step`` (moved here over ``times``) held here, and its changes."""
         self._state_arrow, self._state, self._state_groups = step.state, None, step.state.num_rows
         self._state_time = times[-1]
+        return self._step_changes(times, step, reads)
+
+    def _step_changes(self, times: list[int], step: Step, reads: list[SourceRead]) -> Changes:
+        """The changes of ``step``, moved here over ``times`` (its updates a local relation)."""
         schema = T.StructType([*self.user_schema.fields, T.StructField(TIME, T.LongType()),
                                T.StructField(DIFF, T.LongType())])
         updates = self._finish(self._as_updates(local_relation(self._session(), step.updates, schema)))
@@ -1039,6 +1066,80 @@ class SnapshotDesired(Desired):
                 ranges = (ranges_of_column(first), first.null_count > 0)
         return Changes(updates, step.updates.num_rows, times[0], step.key_counts_change, touched,
                        touched_ranges=ranges, **kwargs)
+
+    def _recompute_in_process(self, query_over_held: DataFrame, read_held: dict[str, DataFrame]) -> None:
+        """How a per-group aggregate's changed groups are recomputed in this process
+        (:mod:`mvsink.desired.arrow_recompute`): its shape, its input's plan translated, its terms'
+        reader; else why not (in ``_recompute_refused``)."""
+        shape = recomputed_shape(query_over_held, HELD_ROWS, len(self.read))
+        if shape is None:
+            self._recompute_refused = ("it is not one aggregate over an inner join or one source of counts, sums, "
+                                       "averages, min, max and one count(DISTINCT) of exact types")
+            return
+        rows = shape.aggregate_input(query_over_held)
+        found = arrow_recompute(shape, self.user_schema, rows.schema, self.view.key)
+        if isinstance(found, str):
+            self._recompute_refused = found
+            return
+        try:
+            plan = ArrowPlan(rows, held_names(read_held))
+        except NotTranslated as exc:
+            self._recompute_refused = f"its plan has {exc}"
+            return
+        keys = join_keys(query_over_held, read_held) if len(self.read) > 1 else {}
+        self._recompute, self._recompute_terms = found, InProcessTerms(
+            plan, {name: self.sources[name] for name in self.read}, self.read, keys,
+            {name: read_held[name].schema for name in self.read})
+
+    def _hold_inputs(self, time: int) -> bool:
+        """Whether the aggregate's input at ``time`` is held here now (from Spark: one job over the
+        sources at its versions); an input of more than :data:`MOST_GROUPS` rows is not, and its
+        groups are recomputed in Spark from then on (logged)."""
+        rows = self._recompute.spark_inputs(
+            self._recompute.aggregate.aggregate_input(self._contents(self.timeline.versions(time))))
+        inputs = rows.limit(MOST_GROUPS + 1).toArrow()
+        if inputs.num_rows > MOST_GROUPS:
+            log.info("view %r: its changed groups are recomputed by Spark: its input has more than %d rows",
+                     self.view.view_id, MOST_GROUPS)
+            self._recompute = self._recompute_terms = None
+            self._inputs = self._inputs_time = None
+            return False
+        self._inputs, self._inputs_time = inputs, time
+        return True
+
+    def _recomputed_result(self) -> DataFrame:
+        """The query's result at the time of the input held: its groups' rows, recomputed here
+        (the query over the sources where Spark decides a value)."""
+        try:
+            rows = self._recompute.outputs(self._inputs)
+        except NotEvaluated as exc:
+            log.info("view %r: its result at time %d is computed by Spark: %s", self.view.view_id,
+                     self._inputs_time, exc)
+            return self._result_at(self._inputs_time)
+        return local_relation(self._session(), rows, self.user_schema)
+
+    def _recomputed_here(self, times: list[int]) -> Changes | None:
+        """The aggregate's input held here moved by the terms of ``times`` computed here, and
+        its changed groups recomputed from it (:mod:`mvsink.desired.arrow_recompute`); None where
+        the step is Spark's (the reason logged; the input held is dropped)."""
+        try:
+            rows, reads = self._recompute_terms.terms(times, self.timeline.versions)
+        except Declined as exc:
+            log.info("view %r: the groups of times %d..%d are recomputed by Spark: %s",
+                     self.view.view_id, times[0], times[-1], exc)
+            self._inputs = self._inputs_time = None
+            return None
+        if self._inputs_time != times[0] - 1 and not self._hold_inputs(times[0] - 1):
+            return None
+        try:
+            step = self._recompute.step(self._inputs, rows, times)
+        except NotEvaluated as exc:
+            log.info("view %r: the groups of times %d..%d are recomputed by Spark: %s",
+                     self.view.view_id, times[0], times[-1], exc)
+            self._inputs = self._inputs_time = None
+            return None
+        self._inputs, self._inputs_time = step.state, times[-1]
+        return self._step_changes(times, step, reads)
 
     def _term_changes(self, time: int, feeds: SourceFeeds, group_cuts: list | None) -> DataFrame | None:
         """The aggregate's state rows of its input's change at ``time``: of the terms of
@@ -1110,7 +1211,12 @@ class SnapshotDesired(Desired):
     def _per_group_changes(self, times: list[int]) -> Changes:
         """Per time, the query over the sources at its versions (+1) and at the versions before
         (-1), each restricted to the time's changed groups (:meth:`_group_terms`), consolidated
-        (see :mod:`mvsink.desired.per_group`)."""
+        (see :mod:`mvsink.desired.per_group`); or, where they can be, the changed groups
+        recomputed in this process (:meth:`_recomputed_here`)."""
+        if self._recompute is not None:
+            changes = self._recomputed_here(times)
+            if changes is not None:
+                return changes
         feeds = self._source_feeds(times)
         cuts = self._group_ranges(feeds)
         parts = [self._as_updates(result, time, diff)
