@@ -246,6 +246,39 @@ def test_a_step_spark_must_compute_is_computed_by_spark(spark, tmp_path, changes
     assert any("the files of source customers at version" in m and "not plain Parquet" in m for m in reasons), reasons
 
 
+def test_groups_recomputed_in_spark_between_steps_here_keep_the_held_input_right(spark, tmp_path, changes_computed,
+                                                                                 monkeypatch, caplog):
+    """An aggregate whose changed groups are recomputed from its input held in the driver, with every
+    third step's change not small (Spark recomputes its groups, and the input held is dropped): the
+    next step here holds the input again at the time before it, and the view equals the query at
+    every time, steps of both kinds among its steps."""
+    rng = random.Random(53)
+    sources = _sources(spark, tmp_path, rng)
+    small = in_process.feed_is_small
+    calls = [0]
+
+    def every_third_large(path, first, last):
+        calls[0] += 1
+        return calls[0] % 3 != 0 and small(path, first, last)
+
+    monkeypatch.setattr(in_process, "feed_is_small", every_third_large)
+    next_id = [100]
+
+    def edit() -> None:
+        _edit_orders(spark, sources["orders"], rng, next_id)
+        if rng.random() < 0.7:
+            _edit_lines(spark, sources["lines"], rng)
+
+    with caplog.at_level(logging.INFO, logger="mvsink.desired.snapshot"):
+        view = maintained_against_the_query(spark, tmp_path, sources, EXTREMES, edit, rounds=7, rng=rng,
+                                            key=("order_id", "placed"))
+    assert view.desired._recompute is not None
+    assert {c.in_process for c in changes_computed} == {"", "terms and groups"}, [
+        (c.strategy, c.in_process) for c in changes_computed]
+    assert {c.strategy for c in changes_computed} == {"per-group recompute"}
+    assert any("are recomputed by Spark" in m and "is not small" in m for m in caplog.messages)
+
+
 def _held(spark, rows: dict[str, tuple[str, list[tuple]]]) -> dict[str, object]:
     """Each source's rows held in Spark, registered under its name."""
     held = {}

@@ -1124,16 +1124,10 @@ class SnapshotDesired(Desired):
         the step is Spark's (the reason logged; the input held is dropped)."""
         try:
             rows, reads = self._recompute_terms.terms(times, self.timeline.versions)
-        except Declined as exc:
-            log.info("view %r: the groups of times %d..%d are recomputed by Spark: %s",
-                     self.view.view_id, times[0], times[-1], exc)
-            self._inputs = self._inputs_time = None
-            return None
-        if self._inputs_time != times[0] - 1 and not self._hold_inputs(times[0] - 1):
-            return None
-        try:
+            if self._inputs_time != times[0] - 1 and not self._hold_inputs(times[0] - 1):
+                return None
             step = self._recompute.step(self._inputs, rows, times)
-        except NotEvaluated as exc:
+        except (Declined, NotEvaluated) as exc:
             log.info("view %r: the groups of times %d..%d are recomputed by Spark: %s",
                      self.view.view_id, times[0], times[-1], exc)
             self._inputs = self._inputs_time = None
