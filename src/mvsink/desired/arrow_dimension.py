@@ -18,6 +18,13 @@ with ``R`` the rest of the join aggregated by ``D``'s keys. Where the groups' st
 * each term is Arrow's hash join on the keys: each pair's counts and sums in ``D``'s groups,
   negated where ``D``'s row is retracted. ``R`` then moves by ``ΔR``, summed per group and key.
 
+An aggregate whose changed groups are recomputed from its input held here
+(:mod:`mvsink.desired.arrow_recompute`: ``min``, ``max``, ``count(DISTINCT)``) moves the same way,
+its input being a multiset: ``R`` is then the multiset of the rest's rows projected to the other
+grouping columns, the aggregates' arguments and the keys, each with its count; a term's rows are
+multiset rows of the input (the arguments carried through, the counts multiplied), which move
+the input held, and its changed groups are recomputed from it.
+
 A step declines (:class:`~mvsink.desired.in_process.Declined`) where either reader does, and
 raises :class:`~mvsink.desired.arrow_plan.NotEvaluated` where a value does not fit its type;
 nothing has moved then, and Spark computes the step.
@@ -56,11 +63,11 @@ class DimensionStep:
 
 class ArrowDimension:
     """How one view's dimension's steps are computed here: ``split`` (its dimension and keys),
-    ``groups`` (how the view's groups' state moves here), ``side`` (the terms of ``D``'s filters
+    ``groups`` (how the view's groups' state, or its input's multiset, moves here), ``side`` (the terms of ``D``'s filters
     and projections over ``D`` alone) and ``rest`` (the terms of the rest's plan over the others)."""
 
     def __init__(self, split: DimensionSplit, groups: ArrowGroups, side: InProcessTerms, rest: InProcessTerms):
-        self._split, self._groups, self._side, self._rest = split, groups, side, rest
+        self.split, self._groups, self._side, self._rest = split, groups, side, rest
         self._keys = [key for _, key in split.keys]
         #: The state columns of the dimension's grouping columns, and their names in its rows.
         self._dimension_groups = {groups.group_names[groups.aggregate.groups.index(g)]: g for g in split.groups}
@@ -70,7 +77,7 @@ class ArrowDimension:
         """The change of the view's groups (whose state is in ``state_schema``) at each of
         ``times`` (``versions(t)``: the sources' versions at time ``t``), from ``held``, ``R`` at
         the time before them; :class:`Declined` or :class:`NotEvaluated` where it is Spark's."""
-        dimension = self._split.dimension
+        dimension = self.split.dimension
         side, reads = self._side.terms(times, versions)
         rest, rest_reads = self._rest.terms(times, versions)
         reads = [*reads, *rest_reads]
@@ -83,7 +90,7 @@ class ArrowDimension:
             moved = rest.filter(pc.equal(rest.column(TIME), time))
             if moved.num_rows:  # D(after) ⋈ ΔR, and R moved by ΔR
                 delta = self._groups.state_rows(moved, state_schema, tuple(self._keys))
-                cuts = [(column, ranges_of_column(delta.column(key))) for column, key in self._split.source_keys]
+                cuts = [(column, ranges_of_column(delta.column(key))) for column, key in self.split.source_keys]
                 after, read = self._side.rows_of(dimension, versions(time)[dimension], cuts)
                 reads += read
                 parts.append(self._joined(delta, after.append_column(DIFF, pa.repeat(pa.scalar(1, pa.int64()),
@@ -93,11 +100,18 @@ class ArrowDimension:
                 changes.append((time, pa.concat_tables(parts)))
         return DimensionStep(changes, held, reads)
 
+    def joined_at(self, held: pa.Table, version: int) -> tuple[pa.Table, list[SourceRead]]:
+        """``held`` (``R`` at a time whose dimension's version is ``version``) joined with the
+        dimension's rows at that version, read whole: the view's state rows of ``γ_G(D ⋈ R)``
+        (not summed), and the read; :class:`Declined` where the rows are Spark's."""
+        rows, reads = self._side.rows_of(self.split.dimension, version, [])
+        return self._joined(held, rows.append_column(DIFF, pa.repeat(pa.scalar(1, pa.int64()), rows.num_rows))), reads
+
     def _joined(self, states: pa.Table, sides: pa.Table) -> pa.Table:
         """The view's state rows (wide values) of ``states`` (``R``'s rows) joined by the keys
         with ``sides`` (``D``'s rows through its filters and projections, each at its ``DIFF``):
         each pair's counts and sums, negated where the side's row is retracted, in ``D``'s groups."""
-        wanted = [*(d for d, _ in self._split.keys), *self._split.groups, DIFF]
+        wanted = [*(d for d, _ in self.split.keys), *self.split.groups, DIFF]
         renamed = [f"_mv_side{i}" for i in range(len(wanted))]
         side = sides.select(wanted).rename_columns(renamed)
         side_keys = renamed[:len(self._keys)]
@@ -105,12 +119,14 @@ class ArrowDimension:
             joined = states.join(side, keys=self._keys, right_keys=side_keys, join_type="inner", use_threads=False)
         else:
             joined = side.join(states, keys=side_keys, right_keys=self._keys, join_type="inner", use_threads=False)
-        by_group = dict(zip(self._split.groups, renamed[len(self._keys):-1]))
+        by_group = dict(zip(self.split.groups, renamed[len(self._keys):-1]))
         negated = pc.equal(joined.column(renamed[-1]), -1)
         columns = {}
         for name in self._groups.group_names:
             columns[name] = (joined.column(by_group[self._dimension_groups[name]]) if name in self._dimension_groups
                              else joined.column(name))
+        for name in self._groups.argument_names:
+            columns[name] = joined.column(name)
         for name in self._groups.value_names:
             value = pc.cast(joined.column(name), wide_type(states.schema.field(name).type))
             columns[name] = pc.if_else(negated, pc.negate(value), value)
@@ -119,7 +135,7 @@ class ArrowDimension:
     def _summed(self, held: pa.Table, delta: pa.Table) -> pa.Table:
         """``held`` (``R``) moved by ``delta`` (state rows of the rest's change, with the keys):
         summed per group and key, the groups with no rows left out, in ``held``'s types."""
-        columns = [*self._groups.group_names, *self._keys]
+        columns = [*self._groups.group_names, *self._groups.argument_names, *self._keys]
         values = self._groups.value_names
         wide = pa.schema([pa.field(c, held.schema.field(c).type) for c in columns]
                          + [pa.field(c, wide_type(held.schema.field(c).type)) for c in values])

@@ -103,6 +103,9 @@ class ArrowGroups:
         self.value_names = [ROWS] + [c for i, out in enumerate(aggregate.outputs)
                                  for c in {"count": [value_column(i)], "sum": [value_column(i), nonnull_column(i)],
                                            "avg": [value_column(i), nonnull_column(i)]}.get(out.kind, [])]
+        #: The state's columns of its aggregates' arguments, a state row's own besides its groups
+        #: (none here: an aggregate input's multiset has them, :mod:`mvsink.desired.arrow_recompute`).
+        self.argument_names: list[str] = []
         #: The state columns of each key column, where the key is grouping columns only (else None:
         #: a key's count can change wherever a row does).
         by_name = {out.name: group_column(aggregate.groups.index(out.column))

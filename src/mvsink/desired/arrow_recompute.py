@@ -73,39 +73,53 @@ class ArrowRecompute(ArrowGroups):
         self.value_names = [ROWS]
         self._group_outputs = [out.name for out in aggregate.outputs if out.kind == "group"]
 
-    def spark_inputs(self, rows: DataFrame) -> DataFrame:
+    def spark_inputs(self, rows: DataFrame, keep: tuple[str, ...] = (), absent: dict[str, str] | None = None
+                     ) -> DataFrame:
         """The multiset of ``rows`` (the aggregate's input, in Spark): a row per distinct
-        projected row, with its count."""
+        projected row and its columns ``keep`` (a dimension's keys, :mod:`mvsink.desired.dimension`),
+        with its count. A grouping column named in ``absent`` (a dimension's) is null, of the
+        SQL type given there."""
+        absent = absent or {}
+        groups = [(F.lit(None).cast(absent[g]) if g in absent else F.col(g)).alias(name)
+                  for g, name in zip(self.aggregate.groups, self.group_names)]
         arguments = [F.col(out.column).alias(value_column(i)) for i, out in enumerate(self.aggregate.outputs)
                      if out.kind in _ARGUMENT_KINDS]
-        projected = rows.select(*[F.col(g).alias(name) for g, name in zip(self.aggregate.groups, self.group_names)],
-                                *arguments)
-        return projected.groupBy(*self.group_names, *self.argument_names).agg(F.count(F.lit(1)).alias(ROWS))
+        projected = rows.select(*groups, *arguments, *keep)
+        return projected.groupBy(*self.group_names, *self.argument_names, *keep).agg(F.count(F.lit(1)).alias(ROWS))
 
     def state_rows(self, rows: pa.Table, state_schema: pa.Schema, keep: tuple[str, ...] = ()) -> pa.Table:
-        """``rows`` (the aggregate's input rows with their ``DIFF`` of 1 or -1) as multiset rows
-        of count ``DIFF``, in ``state_schema``'s types."""
+        """``rows`` (the aggregate's input rows with their ``DIFF`` of 1 or -1; a grouping column
+        they lack is null) as multiset rows of count ``DIFF``, in ``state_schema``'s types, with
+        their columns ``keep`` after."""
         diff = rows.column(DIFF)
         if pc.any(pc.invert(pc.is_in(diff, pa.array([1, -1], pa.int64())))).as_py():
             raise NotEvaluated("a change row's diff is not 1 or -1")
-        columns = {name: pc.cast(rows.column(g), state_schema.field(name).type)
+        columns = {name: (pc.cast(rows.column(g), state_schema.field(name).type) if g in rows.column_names
+                          else pa.nulls(rows.num_rows, state_schema.field(name).type))
                    for g, name in zip(self.aggregate.groups, self.group_names)}
         columns.update({value_column(i): pc.cast(rows.column(out.column), state_schema.field(value_column(i)).type)
                         for i, out in enumerate(self.aggregate.outputs) if out.kind in _ARGUMENT_KINDS})
         columns[ROWS] = diff
-        return pa.table(columns, schema=state_schema)
+        table = pa.table(columns, schema=state_schema)
+        for k in keep:
+            table = table.append_column(k, rows.column(k))
+        return table
+
+    def summed(self, rows: pa.Table, schema: pa.Schema) -> pa.Table:
+        """``rows`` (multiset rows, a row's count in ``ROWS``) summed per distinct row, those
+        with a count above 0, in ``schema``; :class:`NotEvaluated` where a count is below 0."""
+        names = self.group_names + self.argument_names
+        summed = rows.group_by(names, use_threads=False).aggregate([(ROWS, "sum")]).rename_columns([*names, ROWS])
+        if pc.any(pc.less(summed.column(ROWS), 0)).as_py():
+            raise NotEvaluated("a change deletes an input row the held input does not have")
+        return summed.filter(pc.greater(summed.column(ROWS), 0)).select(schema.names).cast(schema)
 
     def moved(self, state: pa.Table, changed: pa.Table) -> Moved:
         """``state`` (the multiset) moved by ``changed`` (of :meth:`state_rows`), and the rows of
         the groups ``changed`` has, recomputed from their held rows before and after."""
         touched = rows_in_groups(state, changed, self.group_names)
         old = state.filter(touched) if touched is not None else state
-        names = self.group_names + self.argument_names
-        merged = pa.concat_tables([old, changed.cast(state.schema)]).group_by(names, use_threads=False).aggregate(
-            [(ROWS, "sum")]).rename_columns([*names, ROWS])
-        if pc.any(pc.less(merged.column(ROWS), 0)).as_py():
-            raise NotEvaluated("a change deletes an input row the held input does not have")
-        new = merged.filter(pc.greater(merged.column(ROWS), 0)).select(state.schema.names).cast(state.schema)
+        new = self.summed(pa.concat_tables([old, changed.cast(state.schema)]), state.schema)
         before, after = self.outputs(old), self.outputs(new)
         retracted, added = _differing(before, after)
         new_state = pa.concat_tables([state.filter(pc.invert(touched)), new]) if touched is not None else new

@@ -49,7 +49,9 @@ with Arrow (:mod:`mvsink.desired.in_process`, the plan translated by
 (too large, a source that is not plain Parquet, a value Spark decides) is computed in Spark. An
 aggregate with ``min``, ``max`` or ``count(DISTINCT ...)`` over an inner join or one source, whose
 input is small, holds that input here and recomputes its changed groups from it
-(:mod:`mvsink.desired.arrow_recompute`) where the step's terms are computed here too.
+(:mod:`mvsink.desired.arrow_recompute`) where the step's terms are computed here too; over a join
+with a dimension, while the dimension changes, it holds the rest of the join's rows by the
+dimension's key beside it (:mod:`mvsink.desired.arrow_dimension`).
 """
 
 from __future__ import annotations
@@ -76,12 +78,12 @@ from mvsink.desired.change_size import ChangeSize, change_size, source_bytes
 from mvsink.desired.aggregate_top import RowWiseTop, aggregate_groups
 from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small,
                                     held_changes, touched_ranges, unreadable)
-from mvsink.desired.dimension import DimensionSplit, HeldRest, split_at_dimension
+from mvsink.desired.dimension import QUIET_STEPS, DimensionSplit, HeldRest, split_at_dimension
 from mvsink.desired.join import (apart_sources, held_names, is_inner_join, is_ranged, join_keys, key_ranges, key_sets,
                                  pruned, ranges_of_column, reads_each_once)
 from mvsink.desired.in_process import Declined, InProcessTerms, local_relation
 from mvsink.desired.key_check import unique_keys
-from mvsink.desired.linear_aggregate import (GroupStates, LinearAggregate, aggregate_arguments, aggregate_of_aggregate,
+from mvsink.desired.linear_aggregate import (ROWS, GroupStates, LinearAggregate, aggregate_arguments, aggregate_of_aggregate,
                                              aggregate_of_groups, aggregate_over_outer_join, linear_aggregate,
                                              recomputed_shape)
 from mvsink.desired.listed_files import add_actions, files_in_ranges, prunes, read_files, readable
@@ -287,7 +289,9 @@ class SnapshotDesired(Desired):
         self._arrow_dimension: ArrowDimension | None = None
         self._arrow_dimension_refused: str | None = None
         if self._rest is not None and self._arrow_groups is not None:
-            self._arrow_dimension = self._dimension_in_process(read_held)
+            found = self._dimension_in_process(self._rest.split, self._arrow_groups, self._join_keys, read_held)
+            self._arrow_dimension, self._arrow_dimension_refused = ((None, found) if isinstance(found, str)
+                                                                    else (found, None))
         #: Where a per-group aggregate's changed groups are recomputed in this process from its input
         #: held here (:mod:`mvsink.desired.arrow_recompute`): how, and its terms; else why not (None:
         #: not such a query). The input held (``_inputs``) is the one at ``_inputs_time``.
@@ -296,6 +300,14 @@ class SnapshotDesired(Desired):
         self._recompute_refused: str | None = None
         self._inputs: pa.Table | None = None
         self._inputs_time: int | None = None
+        #: Where its input is an inner join with a dimension (:mod:`mvsink.desired.dimension`): how
+        #: the dimension's steps move the input here, else why not (None: no dimension); the rest of
+        #: the join's multiset held by the dimension's keys while the dimension changes, at
+        #: ``_inputs_time`` too, and the steps in a row that did not move the dimension.
+        self._recompute_dimension: ArrowDimension | None = None
+        self._recompute_dimension_refused: str | None = None
+        self._inputs_rest: pa.Table | None = None
+        self._rest_quiet = 0
         if self.per_group is not None and self.aggregate is None and not self.per_group.joins:
             self._recompute_in_process(query_over_held, read_held)
         log.info("view %r: %s", view.view_id, self.strategy_description())
@@ -313,9 +325,18 @@ class SnapshotDesired(Desired):
     def _in_process_words(self) -> str:
         """Where an inner join's or a linear aggregate's terms are computed, in words (none for other strategies)."""
         if self._recompute is not None:
+            dimension = ""
+            if self._recompute_dimension is not None:
+                split = self._recompute_dimension.split
+                dimension = (f"; while {split.dimension} changes, the rest of the join's rows are held there by its "
+                             f"keys ({split.equalities}), and {split.dimension}'s changes meet them instead of the "
+                             "other sources")
+            elif self._recompute_dimension_refused is not None:
+                dimension = f"; its dimension's changes meet the other sources (its plans have {self._recompute_dimension_refused})"
             return ("; a step whose change is small computes its terms in this process with Arrow and recomputes "
                     "its changed groups there from the aggregate's input held (the steps say so: terms and groups "
-                    f"in process), others in Spark (the input held again after them, up to {MOST_GROUPS:,} rows)")
+                    f"in process), others in Spark (the input held again after them, up to {MOST_GROUPS:,} rows)"
+                    f"{dimension}")
         if self._recompute_refused is not None:
             return f"; its changed groups are recomputed in Spark ({self._recompute_refused})"
         if self._in_process is not None and self._arrow_groups is not None:
@@ -956,22 +977,22 @@ class SnapshotDesired(Desired):
         return InProcessTerms(plan, {name: self.sources[name] for name in self.read}, self.read, self._join_keys,
                               {name: read_held[name].schema for name in self.read})
 
-    def _dimension_in_process(self, read_held: dict[str, DataFrame]) -> ArrowDimension | None:
-        """How a dimension's steps are computed in this process: the dimension's filters and
-        projections, and the rest's plan, over the held rows, translated; None where they are not."""
-        split = self._rest.split
+    def _dimension_in_process(self, split: DimensionSplit, groups: ArrowGroups, join_keys: dict,
+                              read_held: dict[str, DataFrame]) -> ArrowDimension | str:
+        """How a dimension's steps move ``groups`` in this process: the dimension's filters and
+        projections, and the rest's plan, over the held rows, translated; else what they have that
+        is not."""
         dimension, others = split.dimension, tuple(name for name in self.read if name != split.dimension)
         names = held_names(read_held)
         try:
             side = ArrowPlan(split.side_rows(read_held[dimension]), names)
             rest = ArrowPlan(split.rest_rows({name: read_held[name] for name in others}), names)
         except NotTranslated as exc:
-            self._arrow_dimension_refused = str(exc)
-            return None
-        keys = {name: {other: pairs for other, pairs in self._join_keys.get(name, {}).items() if other in others}
+            return str(exc)
+        keys = {name: {other: pairs for other, pairs in join_keys.get(name, {}).items() if other in others}
                 for name in others}
         return ArrowDimension(
-            split, self._arrow_groups,
+            split, groups,
             InProcessTerms(side, {dimension: self.sources[dimension]}, (dimension,), {},
                            {dimension: read_held[dimension].schema}),
             InProcessTerms(rest, {name: self.sources[name] for name in others}, others, keys,
@@ -1090,22 +1111,90 @@ class SnapshotDesired(Desired):
         self._recompute, self._recompute_terms = found, InProcessTerms(
             plan, {name: self.sources[name] for name in self.read}, self.read, keys,
             {name: read_held[name].schema for name in self.read})
+        split = (split_at_dimension(query_over_held, held_names(read_held), aggregate_arguments(query_over_held),
+                                    [o.column if o.expression is not None else None for o in shape.outputs])
+                 if len(self.read) > 1 else None)
+        if split is not None:
+            found = self._dimension_in_process(split, self._recompute, keys, read_held)
+            self._recompute_dimension, self._recompute_dimension_refused = ((None, found) if isinstance(found, str)
+                                                                            else (found, None))
 
     def _hold_inputs(self, time: int) -> bool:
         """Whether the aggregate's input at ``time`` is held here now (from Spark: one job over the
-        sources at its versions); an input of more than :data:`MOST_GROUPS` rows is not, and its
-        groups are recomputed in Spark from then on (logged)."""
-        rows = self._recompute.spark_inputs(
-            self._recompute.aggregate.aggregate_input(self._contents(self.timeline.versions(time))))
-        inputs = rows.limit(MOST_GROUPS + 1).toArrow()
+        sources at its versions; over a join with a dimension, the rest of the join held first
+        and the input the dimension's rows joined with it, so that a first step where the
+        dimension moves finds the rest held); an input of more than :data:`MOST_GROUPS` rows is
+        not, and its groups are recomputed in Spark from then on (logged)."""
+        self._inputs_rest = None
+        inputs = self._inputs_from_rest(time) if self._recompute_dimension is not None else None
+        if inputs is None:
+            rows = self._recompute.spark_inputs(
+                self._recompute.aggregate.aggregate_input(self._contents(self.timeline.versions(time))))
+            inputs = rows.limit(MOST_GROUPS + 1).toArrow()
         if inputs.num_rows > MOST_GROUPS:
             log.info("view %r: its changed groups are recomputed by Spark: its input has more than %d rows",
                      self.view.view_id, MOST_GROUPS)
-            self._recompute = self._recompute_terms = None
+            self._recompute = self._recompute_terms = self._recompute_dimension = None
             self._inputs = self._inputs_time = None
             return False
         self._inputs, self._inputs_time = inputs, time
         return True
+
+    def _hold_inputs_rest(self, time: int) -> bool:
+        """Whether the multiset of the rest of the join without its dimension at ``time`` (the
+        input's time) is held here now, by the dimension's keys (one Spark job over the other
+        sources at its versions, its seconds in :attr:`_setup_seconds`); a rest of more than
+        :data:`MOST_GROUPS` rows is not, and the dimension's changes meet the other sources from
+        then on (logged)."""
+        split, started = self._recompute_dimension.split, monotonic()
+        versions = self.timeline.versions(time)
+        rows = self._recompute.spark_inputs(
+            split.rest_rows({name: self._pinned(name, versions[name]) for name in self.read if name != split.dimension}),
+            keep=tuple(k for _, k in split.keys), absent=dict(split.group_types))
+        rest = rows.limit(MOST_GROUPS + 1).toArrow()
+        self._setup_seconds += monotonic() - started
+        if rest.num_rows > MOST_GROUPS:
+            log.info("view %r: %s's changes meet the other sources: the rest of its join has more than %d rows",
+                     self.view.view_id, split.dimension, MOST_GROUPS)
+            self._recompute_dimension = None
+            return False
+        log.info("view %r: the rest of its join held by %s's keys at time %d (%d rows, %.2f s)",
+                 self.view.view_id, split.dimension, time, rest.num_rows, monotonic() - started)
+        self._inputs_rest = rest
+        return True
+
+    def _inputs_from_rest(self, time: int) -> pa.Table | None:
+        """The aggregate's input at ``time`` from the rest of the join held at ``time`` and the
+        dimension's rows at its version, read here (``γ(D ⋈ R)`` of :mod:`mvsink.desired.dimension`);
+        None where the rest is too large or the dimension's rows are Spark's (logged)."""
+        if not self._hold_inputs_rest(time):
+            return None
+        dimension = self._recompute_dimension.split.dimension
+        try:
+            rows, _ = self._recompute_dimension.joined_at(self._inputs_rest, self.timeline.versions(time)[dimension])
+            schema = pa.schema([self._inputs_rest.schema.field(name) for name in
+                                (*self._recompute.group_names, *self._recompute.argument_names, ROWS)])
+            return self._recompute.summed(rows, schema)
+        except (Declined, NotEvaluated) as exc:
+            log.info("view %r: its input is held from Spark: %s", self.view.view_id, exc)
+            return None
+
+    def _meets_held_rest(self, times: list[int]) -> bool:
+        """Whether the step over ``times`` moves the input held by the dimension's and the rest's
+        changes, the rest held (:mod:`mvsink.desired.arrow_dimension`): where the dimension's
+        version moves in it, or moved in the last :data:`QUIET_STEPS` steps (then the rest is
+        dropped). The input and the rest are held at the time before ``times`` where it does."""
+        if self._recompute_dimension is None:
+            return False
+        dimension = self._recompute_dimension.split.dimension
+        moves = any(self.timeline.versions(t - 1)[dimension] != self.timeline.versions(t)[dimension] for t in times)
+        self._rest_quiet = 0 if moves else self._rest_quiet + 1
+        if not moves and (self._inputs_rest is None or self._rest_quiet >= QUIET_STEPS):
+            self._inputs_rest = None
+            return False
+        if self._inputs_time != times[0] - 1 and not self._hold_inputs(times[0] - 1):
+            return False
+        return self._inputs_rest is not None or self._hold_inputs_rest(times[0] - 1)
 
     def _recomputed_result(self) -> DataFrame:
         """The query's result at the time of the input held: its groups' rows, recomputed here
@@ -1121,18 +1210,29 @@ class SnapshotDesired(Desired):
     def _recomputed_here(self, times: list[int]) -> Changes | None:
         """The aggregate's input held here moved by the terms of ``times`` computed here, and
         its changed groups recomputed from it (:mod:`mvsink.desired.arrow_recompute`); None where
-        the step is Spark's (the reason logged; the input held is dropped)."""
+        the step is Spark's (the reason logged; the input held is dropped). Where the join has a
+        dimension that moves (:meth:`_meets_held_rest`), the dimension's change meets the rest of
+        the join held instead of the other sources."""
         try:
-            rows, reads = self._recompute_terms.terms(times, self.timeline.versions)
-            if self._inputs_time != times[0] - 1 and not self._hold_inputs(times[0] - 1):
+            rest = None
+            if self._meets_held_rest(times):
+                moved = self._recompute_dimension.step(self._inputs_rest, self._inputs.schema, times,
+                                                       self.timeline.versions)
+                step = self._recompute.step_by(self._inputs, moved.changes)
+                rest, reads = moved.rest, moved.reads
+            elif self._recompute is None:  # its input was too large to hold
                 return None
-            step = self._recompute.step(self._inputs, rows, times)
+            else:
+                rows, reads = self._recompute_terms.terms(times, self.timeline.versions)
+                if self._inputs_time != times[0] - 1 and not self._hold_inputs(times[0] - 1):
+                    return None
+                step = self._recompute.step(self._inputs, rows, times)
         except (Declined, NotEvaluated) as exc:
             log.info("view %r: the groups of times %d..%d are recomputed by Spark: %s",
                      self.view.view_id, times[0], times[-1], exc)
-            self._inputs = self._inputs_time = None
+            self._inputs = self._inputs_rest = self._inputs_time = None
             return None
-        self._inputs, self._inputs_time = step.state, times[-1]
+        self._inputs, self._inputs_rest, self._inputs_time = step.state, rest, times[-1]
         return self._step_changes(times, step, reads)
 
     def _term_changes(self, time: int, feeds: SourceFeeds, group_cuts: list | None) -> DataFrame | None:
