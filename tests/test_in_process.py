@@ -15,7 +15,7 @@ import pytest
 from pyspark.sql import types as T
 
 from helpers import create_source, edit_customers, edit_orders, insert, maintained_against_the_query, query_over_a_source
-from mvsink.desired import in_process
+from mvsink.desired import in_process, snapshot
 from mvsink.desired.in_process import local_relation
 from mvsink.desired.arrow_groups import arrow_groups
 from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated, arrow_schema
@@ -204,6 +204,18 @@ def test_a_dimensions_steps_in_process_keep_the_view_equal_to_the_query_at_every
     monkeypatch.setattr(ArrowDimension, "step", counted)
     rng = random.Random(53 + len(key))
     sources = _sources(spark, tmp_path, rng, lines_feed)
+    view = maintained_against_the_query(spark, tmp_path, sources, sql, _customers_moving(spark, sources, rng),
+                                        rounds=7, rng=rng, key=key)
+    assert HELD_BY_SEGMENT[sql] in view.desired.strategy_description()
+    assert changes_computed and {c.in_process for c in changes_computed} == (
+        {"", "terms and groups"} if some_in_spark else {"terms and groups"}), [
+        (c.strategy, c.in_process) for c in changes_computed]
+    assert len(steps) >= 3 and any(len(times) > 3 for times in steps), steps
+
+
+def _customers_moving(spark, sources: dict[str, str], rng):
+    """An edit of one time: orders and lines changing (as above), customers duplicated, deleted and
+    appearing with null keys, and a customer moving segment as its own orders change."""
     next_id = [100]
 
     def edit() -> None:
@@ -219,12 +231,25 @@ def test_a_dimensions_steps_in_process_keep_the_view_equal_to_the_query_at_every
             spark.sql(f"UPDATE delta.`{sources['orders']}` SET placed = DATE '2024-01-0{rng.randint(1, 4)}' "
                       f"WHERE cust = {cust}")
 
-    view = maintained_against_the_query(spark, tmp_path, sources, sql, edit, rounds=7, rng=rng, key=key)
-    assert HELD_BY_SEGMENT[sql] in view.desired.strategy_description()
-    assert changes_computed and {c.in_process for c in changes_computed} == (
-        {"", "terms and groups"} if some_in_spark else {"terms and groups"}), [
+    return edit
+
+
+def test_a_rest_too_large_to_hold_leaves_the_dimensions_changes_to_the_other_sources(
+        spark, tmp_path, changes_computed, monkeypatch, caplog):
+    """An aggregate recomputed from its input held here, over a join with a dimension whose rest
+    of the join has more rows than are held: the dimension's changes meet the other sources (read
+    here, every step still in process), logged, and the view equals the query at every time."""
+    monkeypatch.setattr(snapshot, "MOST_REST_ROWS", 0)
+    rng = random.Random(59)
+    sources = _sources(spark, tmp_path, rng)
+    with caplog.at_level(logging.INFO, logger="mvsink.desired.snapshot"):
+        view = maintained_against_the_query(spark, tmp_path, sources, EXTREMES_BY_SEGMENT,
+                                            _customers_moving(spark, sources, rng), rounds=5, rng=rng, key=("order_id",))
+    assert view.desired._recompute is not None and view.desired._recompute_dimension is None
+    assert {c.in_process for c in changes_computed} == {"terms and groups"}, [
         (c.strategy, c.in_process) for c in changes_computed]
-    assert len(steps) >= 3 and any(len(times) > 3 for times in steps), steps
+    assert any("customers's changes meet the other sources: the rest of its join has more than 0 rows" in m
+               for m in caplog.messages), caplog.messages
 
 
 def test_a_step_spark_must_compute_is_computed_by_spark(spark, tmp_path, changes_computed, monkeypatch, caplog):

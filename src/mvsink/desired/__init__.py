@@ -14,7 +14,8 @@ updates at the same times. A view's input is one of:
   :mod:`~mvsink.desired.aggregate_top`; over an outer join, :mod:`~mvsink.desired.outer_join`; over an inner join with a dimension that
   changes, the rest of the join held by its key, :mod:`~mvsink.desired.dimension`), the groups (of one source or of an inner join; or a key
   join's keys) they touch recomputed (:mod:`~mvsink.desired.per_group`; from the aggregate's input
-  held in the driver where it is small, :mod:`~mvsink.desired.arrow_recompute`), each source's changes
+  held in the driver where it is small, :mod:`~mvsink.desired.arrow_recompute`; over a dimension that
+  changes, with the rest of the join's rows held by its key, :mod:`~mvsink.desired.arrow_dimension`), each source's changes
   joined with the other sources (:mod:`~mvsink.desired.join`; for a ``UNION ALL``, those of its
   branches; the other sides read from the files :mod:`~mvsink.desired.listed_files` lists where
   it can), or the difference of its full evaluations at consecutive times.

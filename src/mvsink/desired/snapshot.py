@@ -104,6 +104,9 @@ _JOINED_GROUPS = "mvsink_joined_groups"
 #: The most groups a linear aggregate's state may have to be moved in one task (see
 #: :meth:`SnapshotDesired._aggregate_changes`).
 ONE_TASK_GROUPS = 100_000
+#: The most rows of the rest of a join held by its dimension's keys beside a recomputed aggregate's
+#: input (:meth:`SnapshotDesired._hold_inputs_rest`): as many as the input itself may have.
+MOST_REST_ROWS = MOST_GROUPS
 
 
 @dataclass
@@ -1144,18 +1147,18 @@ class SnapshotDesired(Desired):
         """Whether the multiset of the rest of the join without its dimension at ``time`` (the
         input's time) is held here now, by the dimension's keys (one Spark job over the other
         sources at its versions, its seconds in :attr:`_setup_seconds`); a rest of more than
-        :data:`MOST_GROUPS` rows is not, and the dimension's changes meet the other sources from
+        :data:`MOST_REST_ROWS` rows is not, and the dimension's changes meet the other sources from
         then on (logged)."""
         split, started = self._recompute_dimension.split, monotonic()
         versions = self.timeline.versions(time)
         rows = self._recompute.spark_inputs(
             split.rest_rows({name: self._pinned(name, versions[name]) for name in self.read if name != split.dimension}),
             keep=tuple(k for _, k in split.keys), absent=dict(split.group_types))
-        rest = rows.limit(MOST_GROUPS + 1).toArrow()
+        rest = rows.limit(MOST_REST_ROWS + 1).toArrow()
         self._setup_seconds += monotonic() - started
-        if rest.num_rows > MOST_GROUPS:
+        if rest.num_rows > MOST_REST_ROWS:
             log.info("view %r: %s's changes meet the other sources: the rest of its join has more than %d rows",
-                     self.view.view_id, split.dimension, MOST_GROUPS)
+                     self.view.view_id, split.dimension, MOST_REST_ROWS)
             self._recompute_dimension = None
             return False
         log.info("view %r: the rest of its join held by %s's keys at time %d (%d rows, %.2f s)",
@@ -1194,7 +1197,9 @@ class SnapshotDesired(Desired):
             return False
         if self._inputs_time != times[0] - 1 and not self._hold_inputs(times[0] - 1):
             return False
-        return self._inputs_rest is not None or self._hold_inputs_rest(times[0] - 1)
+        if self._inputs_rest is None and self._recompute_dimension is not None:
+            self._hold_inputs_rest(times[0] - 1)
+        return self._inputs_rest is not None
 
     def _recomputed_result(self) -> DataFrame:
         """The query's result at the time of the input held: its groups' rows, recomputed here
