@@ -27,7 +27,10 @@ At the end the three tables and the query are compared through an order-independ
 Before the initial loads, mvsink and overwrite each load a source of ``--rows``/20 once, so that
 neither pays for warming the JVM up (as in ``bench_sink.py``); those times are printed apart.
 
-Run: ``python benchmarks/bench_snapshot.py [--query identity|filter|aggregate] [--rows 1000000] [--rounds 5]
+With ``--no-feed`` the source has no change data feed: mvsink reads a commit's changes as the rows
+of the files it removed against those of the files it added (``desired/log_changes.py``).
+
+Run: ``python benchmarks/bench_snapshot.py [--query identity|filter|aggregate] [--rows 1000000] [--rounds 5] [--no-feed]
 [--recompute]``.
 """
 
@@ -66,6 +69,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--change-fraction", type=float, default=0.01)
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
+    parser.add_argument("--no-feed", action="store_true",
+                        help="the source without its change data feed (mvsink reads a commit's added and removed files)")
     parser.add_argument("--recompute", action="store_true",
                         help="evaluate the query in full each round even where it is row-wise or a linear aggregate")
     args = parser.parse_args()
@@ -93,7 +98,7 @@ def run(args, workdir: str) -> int:
          .select("id", F.concat(F.lit("customer-"), (F.col("id") % args.groups).cast("string")).alias("customer"),
                  (F.col("id") % 997).alias("amount"), F.sha1(F.col("id").cast("string")).alias("note"))
          .write.format("delta").option("delta.enableDeletionVectors", "false")
-         .option("delta.enableChangeDataFeed", "true").save(path))
+         .option("delta.enableChangeDataFeed", str(not args.no_feed).lower()).save(path))
 
     def materialized_view(name, source, target):
         definition = ViewDefinition(name, target, SnapshotInput(sql=sql), key=key, sources={"source": source},
@@ -175,7 +180,7 @@ def run(args, workdir: str) -> int:
 
     print(f"\n=== a snapshot view ({args.query}) vs recompute + overwrite vs MERGE ... NOT MATCHED BY SOURCE DELETE ===")
     print(f"machine: {machine()}")
-    print(f"workload: {sql!r} over {args.rows:,} rows ({view_rows:,} view rows; change data feed on); "
+    print(f"workload: {sql!r} over {args.rows:,} rows ({view_rows:,} view rows; change data feed {'off' if args.no_feed else 'on'}); "
           f"per round one source commit updating {args.change_fraction:.0%} of them; {args.rounds} rounds; "
           f"mvsink {_path(view.desired)}")
     print(warm_up_line)

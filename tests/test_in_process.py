@@ -186,13 +186,7 @@ def test_a_dimensions_steps_in_process_keep_the_view_equal_to_the_query_at_every
     from mvsink.desired.arrow_dimension import ArrowDimension
 
     if some_in_spark:
-        small, calls = in_process.feed_is_small, [0]
-
-        def not_every_third(path, first, last):
-            calls[0] += 1
-            return calls[0] % 3 != 0 and small(path, first, last)
-
-        monkeypatch.setattr(in_process, "feed_is_small", not_every_third)
+        _every_third_change_large(monkeypatch)
 
     steps = []
     step = ArrowDimension.step
@@ -211,6 +205,17 @@ def test_a_dimensions_steps_in_process_keep_the_view_equal_to_the_query_at_every
         {"", "terms and groups"} if some_in_spark else {"terms and groups"}), [
         (c.strategy, c.in_process) for c in changes_computed]
     assert len(steps) >= 3 and any(len(times) > 3 for times in steps), steps
+
+
+def _every_third_change_large(monkeypatch) -> None:
+    """Every third change a step reads in the driver is not small (its step is Spark's)."""
+    small, calls = in_process.feed_is_small, [0]
+
+    def every_third_large(path, first, last):
+        calls[0] += 1
+        return calls[0] % 3 != 0 and small(path, first, last)
+
+    monkeypatch.setattr(in_process, "feed_is_small", every_third_large)
 
 
 def _customers_moving(spark, sources: dict[str, str], rng):
@@ -259,14 +264,7 @@ def test_a_step_spark_must_compute_is_computed_by_spark(spark, tmp_path, changes
     rng = random.Random(47)
     sources = _sources(spark, tmp_path, rng)
     spark.sql(f"ALTER TABLE delta.`{sources['customers']}` SET TBLPROPERTIES (delta.enableDeletionVectors = true)")
-    small = in_process.feed_is_small
-    calls = [0]
-
-    def every_other_small(path, first, last):
-        calls[0] += 1
-        return calls[0] % 3 != 0 and small(path, first, last)
-
-    monkeypatch.setattr(in_process, "feed_is_small", every_other_small)
+    _every_third_change_large(monkeypatch)
     next_id = [100]
 
     def edit() -> None:
@@ -291,14 +289,7 @@ def test_groups_recomputed_in_spark_between_steps_here_keep_the_held_input_right
     every time, steps of both kinds among its steps."""
     rng = random.Random(53)
     sources = _sources(spark, tmp_path, rng)
-    small = in_process.feed_is_small
-    calls = [0]
-
-    def every_third_large(path, first, last):
-        calls[0] += 1
-        return calls[0] % 3 != 0 and small(path, first, last)
-
-    monkeypatch.setattr(in_process, "feed_is_small", every_third_large)
+    _every_third_change_large(monkeypatch)
     next_id = [100]
 
     def edit() -> None:
