@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 from helpers import (create_source, from_the_feed, insert, query_over_a_source,
                      query_results_at_every_time, random_commit, through_commits_without_feed)
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition, read_view, view_errors
+from mvsink.desired import snapshot
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 
 SCHEMA = "id BIGINT, grp STRING, amount DOUBLE, note STRING"
@@ -175,20 +176,29 @@ def test_keys_passed_through_from_a_source_with_unique_keys_are_not_checked_and_
     query_results_at_every_time(spark, src, QUERY, {"v": tgt}, tgt + "_timeline", view.observed_upper, ("id",))
 
 
-def test_a_keyed_row_wise_view_equals_the_query_as_source_keys_repeat_and_stop(spark, tmp_path):
+@pytest.mark.parametrize("feed", [True, False], ids=["feed", "no-feed-not-small"])
+def test_a_keyed_row_wise_view_equals_the_query_as_source_keys_repeat_and_stop(spark, tmp_path, monkeypatch, feed):
     """Random commits to a source keyed by ``id`` that mostly keeps its keys unique: updates moving
-    rows across the filter, inserts repeating an id already there, deletes of whole ids. The view
-    from the feed (its key checks skipped while the source's keys are unique) and the view
-    recomputed in full (every key checked) equal the query at every time, rows and key errors."""
+    rows across the filter, inserts repeating an id already there (some a copy of a row), deletes
+    of whole ids. The view from the feed (its key checks skipped while the source's keys are
+    unique) and the view recomputed in full (every key checked) equal the query at every time, rows
+    and key errors. Without the change data feed and every change taken as not small, each change
+    is consolidated as it is held (a rewritten file's kept rows cancelled, copies as rows of diff
+    1 or -1)."""
     rng = random.Random(17)
     src = str(tmp_path / "src")
     create_source(spark, src, [_random_row(rng, i) for i in range(20)], SCHEMA)
+    if not feed:
+        spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
+        monkeypatch.setattr(snapshot, "feed_is_small", lambda *_: False)
 
     def edit():
         random_commit(spark, src, rng,
                       update=lambda: _moves_across_the_filter(src, f"pmod(id, {rng.randint(2, 4)}) = {rng.randint(0, 1)}"),
                       delete=lambda: f"DELETE FROM delta.`{src}` WHERE id > 19 OR pmod(id, 7) = {rng.randint(0, 6)}",
                       inserts=lambda: [_random_row(rng, rng.randint(0, 19))])
+        if rng.random() < 0.3:
+            spark.sql(f"INSERT INTO delta.`{src}` SELECT * FROM delta.`{src}` WHERE id = {rng.randint(0, 19)}")
 
     view = from_the_feed(spark, tmp_path, src, QUERY, edit, rounds=8, rng=rng, key=("id",), recomputed=True)
     assert view.desired.row_wise and view.desired._source_key == ("id",)

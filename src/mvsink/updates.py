@@ -39,7 +39,7 @@ def table_schema(user_schema: T.StructType) -> T.StructType:
     if clash:
         raise ConfigError(f"view columns {clash} clash with mvsink's reserved prefix _mv_ (Spark's column names "
                           "are case-insensitive): rename them in the view's query")
-    bad = [f.name for f in user_schema.fields if _contains(f.dataType, _UNGROUPABLE)]
+    bad = [f.name for f in user_schema.fields if not groupable(f.dataType)]
     if bad:
         raise ConfigError(f"view columns {bad} have map/variant types, which cannot be consolidated")
     fields = [T.StructField(f.name, f.dataType, True) for f in user_schema.fields]
@@ -99,6 +99,17 @@ def consolidate(df: DataFrame) -> DataFrame:
         .where(F.col(DIFF) != 0)
         .select(*df.columns)
     )
+
+
+def unit_diffs(df: DataFrame) -> DataFrame:
+    """Updates with each update of diff ``n`` as ``|n|`` updates of diff 1 or -1 (its sign)."""
+    sign = F.signum(DIFF).cast("long")
+    return df.withColumn(DIFF, F.explode(F.array_repeat(sign, F.abs(DIFF).cast("int"))))
+
+
+def groupable(dtype: T.DataType) -> bool:
+    """Whether Spark can group by a column of ``dtype`` (no map or variant in it)."""
+    return not _contains(dtype, _UNGROUPABLE)
 
 
 def contents_at(updates: DataFrame, time: int) -> DataFrame:
