@@ -65,7 +65,7 @@ def source_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, i
     files the change data feed would read, with the feed on or off, read as plain Parquet); from
     the feed where those files do not hold the table's rows (deletion vectors, a schema change)."""
     try:
-        return log_changes(spark, path, spans)
+        return log_changes(spark, path, spans, feed_is_small(path, first, last))
     except LogChangesUnavailable as exc:
         log.info("source %s: versions %d..%d are read from the change data feed: %s", path, first, last, exc)
     return change_feed(spark, path, spans, first, last)

@@ -6,7 +6,8 @@ operation rewrote rows) has its changes in them, each row with its ``_change_typ
 has change data readers read such a commit from those files only. Any other commit's change is
 exact in the log too: the rows of the data files it added at +1 and of the files it removed at -1;
 consolidated, that is the difference of the table's contents after and before the commit (an
-UPDATE that rewrites a file removes its old rows and adds its new ones; the rows it kept cancel).
+UPDATE that rewrites a file removes its old rows and adds its new ones; the rows it kept cancel,
+and are cancelled as they are read: :func:`log_changes`).
 Actions with ``dataChange`` false (OPTIMIZE, compaction) move rows between files without changing
 the contents and are skipped. The work follows the touched files, not the table, and Spark reads
 them as plain Parquet: no change data feed query for Delta to plan.
@@ -35,7 +36,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mvsink.table import file_uri, log_actions, spark_uri
-from mvsink.updates import DIFF, TIME
+from mvsink.updates import DIFF, TIME, consolidate, groupable, unit_diffs
 
 _R = TypeVar("_R")
 _NO_COLUMN_MAPPING = ("none", None)
@@ -57,11 +58,15 @@ def change_diff() -> Column:
             .when(F.col(CHANGE_TYPE).isin("delete", "update_preimage"), F.lit(-1)).cast("long").alias(DIFF))
 
 
-def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]]) -> DataFrame:
+def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]], small: bool = False) -> DataFrame:
     """The changes of the Delta table at ``path`` over ``spans`` (``(time, first version, last
     version)``, consecutive) from its log, as updates: the table's columns, each change's time
     (its commit's span) and diff (a change data file's row by its change type; else +1 added
-    file's row, -1 removed file's row), not consolidated."""
+    file's row, -1 removed file's row). Where a time both removes and adds data files (a
+    rewrite: the rows a rewritten file kept are in both), the data files' rows are consolidated
+    (in one task where the change is ``small``: no shuffle) and given as rows of diff 1 or -1,
+    so that a step holds and joins the rows that changed, not every row of the files touched;
+    change data files' rows are not."""
     first, last = spans[0][1], spans[-1][2]
     before = _schema_before(spark, path, first)
     listed = change_files(path, spans, before)
@@ -69,13 +74,19 @@ def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
     _remember(path, last, schema)
     columns = [f.name for f in schema.fields]
     data_schema = T.StructType([f for f in schema.fields if f.name not in listed.partition_columns])
-    parts = [_rows(spark, uris, data_schema, schema, {c: dict(values).get(c) for c in listed.partition_columns}, time,
-                   diff).select(*columns, TIME, DIFF)
-             for (time, diff, values), uris in listed.files.items()]
+    parts = {(time, diff, values): _rows(spark, uris, data_schema, schema,
+                                         {c: dict(values).get(c) for c in listed.partition_columns}, time,
+                                         diff).select(*columns, TIME, DIFF)
+             for (time, diff, values), uris in listed.files.items()}
     if not parts:
         updates = T.StructType([*schema.fields, T.StructField(TIME, T.LongType()), T.StructField(DIFF, T.LongType())])
         return spark.createDataFrame([], updates)
-    return reduce(DataFrame.unionByName, parts)
+    rewritten = ({time for time, diff, _ in parts if diff == -1} & {time for time, diff, _ in parts if diff == 1})
+    if not rewritten or not all(groupable(f.dataType) for f in schema.fields):
+        return reduce(DataFrame.unionByName, parts.values())
+    data = reduce(DataFrame.unionByName, [rows for (_, diff, _), rows in parts.items() if diff is not None])
+    consolidated = unit_diffs(consolidate(data.coalesce(1) if small else data))
+    return reduce(DataFrame.unionByName, [rows for (_, diff, _), rows in parts.items() if diff is None], consolidated)
 
 
 @dataclass(frozen=True)

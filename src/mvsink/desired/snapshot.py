@@ -94,7 +94,7 @@ from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_t
 from mvsink.desired.sources import Desired
 from mvsink.table import spark_uri
 from mvsink.timeline import Timeline
-from mvsink.updates import DIFF, ERROR, TIME, consolidate, groupable, unit_diffs
+from mvsink.updates import DIFF, ERROR, TIME
 from mvsink.view import ConfigError, SnapshotInput, ViewDefinition, ViewQuery, sources_named
 
 log = logging.getLogger(__name__)
@@ -1431,14 +1431,10 @@ class SnapshotDesired(Desired):
         """The ``feed`` held, and whether some source key's row count changes at some time in it
         (True where the view's key is not the source's): observed by the Spark job that holds it,
         over per-(key, time) sums of the feed shuffled by the key (gathered in one task if
-        ``small``: no shuffle). Shuffled by the key, the feed is consolidated there too (a row
-        per change, the rows a rewritten file kept cancelled: without the change data feed, a
-        commit's changes are the rows of every file it rewrote), where its columns can be grouped."""
+        ``small``: no shuffle)."""
         if self._source_key is None:
             return feed.localCheckpoint(eager=True), True
         spread = feed.coalesce(1) if small else feed.repartition(*self._source_key)
-        if not small and all(groupable(f.dataType) for f in feed.schema.fields):
-            spread = unit_diffs(consolidate(spread))
         net = spread.withColumn(NET, F.sum(DIFF).over(Window.partitionBy(*self._source_key, TIME)))
         held, (moves,) = held_observing(net, _SOURCE_KEYS, F.coalesce(F.max(F.col(NET) != 0), F.lit(False)),
                                         keep=feed.columns)
