@@ -31,10 +31,16 @@ from dataclasses import dataclass
 from functools import cache, lru_cache, reduce
 from typing import Callable, TypeVar
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from mvsink import storage
+from mvsink.desired.arrow_plan import arrow_schema
 from mvsink.table import file_uri, log_actions, spark_uri
 from mvsink.updates import DIFF, TIME, consolidate, groupable, unit_diffs
 
@@ -44,6 +50,14 @@ _NO_COLUMN_MAPPING = ("none", None)
 _CHANGE_DATA, _DATA = (("cdc", None),), (("add", 1), ("remove", -1))
 #: The column of a change data file (and of the change data feed) that says what its row is.
 CHANGE_TYPE = "_change_type"
+
+
+#: The most bytes of a range's added and removed data files consolidated in this process
+#: (:func:`_consolidated_here`); Spark consolidates a larger rewrite.
+MOST_BYTES_HERE = 128 * 2**20
+#: Spark's types of the columns a rewrite consolidated in this process may have (Arrow groups them).
+_FLAT_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType,
+               T.StringType, T.BinaryType, T.BooleanType, T.DateType, T.TimestampType, T.TimestampNTZType)
 
 
 class LogChangesUnavailable(Exception):
@@ -84,9 +98,47 @@ def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
     rewritten = ({time for time, diff, _ in parts if diff == -1} & {time for time, diff, _ in parts if diff == 1})
     if not rewritten or not all(groupable(f.dataType) for f in schema.fields):
         return reduce(DataFrame.unionByName, parts.values())
-    data = reduce(DataFrame.unionByName, [rows for (_, diff, _), rows in parts.items() if diff is not None])
-    consolidated = unit_diffs(consolidate(data.coalesce(1) if small else data))
+    consolidated = None
+    if (not listed.partition_columns and listed.data_bytes is not None and listed.data_bytes <= MOST_BYTES_HERE
+            and all(isinstance(f.dataType, _FLAT_TYPES) for f in schema.fields)):
+        consolidated = _consolidated_here(spark, {key: uris for key, uris in listed.files.items() if key[1] is not None},
+                                          schema)
+    if consolidated is None:
+        data = reduce(DataFrame.unionByName, [rows for (_, diff, _), rows in parts.items() if diff is not None])
+        consolidated = unit_diffs(consolidate(data.coalesce(1) if small else data))
     return reduce(DataFrame.unionByName, [rows for (_, diff, _), rows in parts.items() if diff is None], consolidated)
+
+
+def _consolidated_here(spark: SparkSession, files: dict[tuple[int, int, tuple], list[str]], schema: T.StructType
+                       ) -> DataFrame | None:
+    """The rows of the data ``files`` (each at its time and diff; the table unpartitioned, its
+    columns ``schema``'s, of :data:`_FLAT_TYPES`) consolidated in this process with Arrow, as
+    rows of diff 1 or -1, a local relation; None where a file's column does not read as its
+    type (Spark reads them then). Rows cancel only where Arrow has them equal, value for value,
+    which Spark has equal too (a pair it would cancel and Arrow keeps is consolidated after)."""
+    types = arrow_schema(schema)
+    parts = []
+    try:
+        for (time, diff, _), uris in files.items():
+            for uri in uris:
+                fs, path = storage.filesystem(uri)
+                with fs.open_input_file(path) as f:
+                    rows = pq.ParquetFile(f).read()
+                columns = [pc.cast(rows.column(field.name), field.type, safe=True) if field.name in rows.column_names
+                           else pa.nulls(rows.num_rows, field.type) for field in types]
+                stamps = [pa.repeat(pa.scalar(value, pa.int64()), rows.num_rows) for value in (time, diff)]
+                parts.append(pa.Table.from_arrays([*columns, *stamps], names=[*types.names, TIME, DIFF]))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    names = [*types.names, TIME]
+    summed = pa.concat_tables(parts).group_by(names, use_threads=False).aggregate([(DIFF, "sum")])
+    summed = summed.rename_columns([*names, DIFF])
+    changed = summed.filter(pc.not_equal(summed.column(DIFF), 0))
+    counts = pc.abs(changed.column(DIFF)).to_numpy()
+    units = changed.take(pa.array(np.repeat(np.arange(len(counts)), counts)))
+    units = units.set_column(len(names), DIFF, pc.cast(pc.sign(units.column(DIFF)), pa.int64()))
+    updates = T.StructType([*schema.fields, T.StructField(TIME, T.LongType()), T.StructField(DIFF, T.LongType())])
+    return spark.createDataFrame(units.combine_chunks(), schema=updates)  # one batch: see in_process.local_relation
 
 
 @dataclass(frozen=True)
@@ -100,6 +152,8 @@ class ChangeFiles:
     partition_columns: frozenset[str]
     #: Whether a commit in the range sets the table's metadata (with the columns of the one before).
     metadata_changed: bool
+    #: The bytes of the added and removed data files (None: an action does not say its size).
+    data_bytes: int | None = None
 
 
 def change_files(path: str, spans: list[tuple[int, int, int]], before: T.StructType) -> ChangeFiles:
@@ -110,6 +164,7 @@ def change_files(path: str, spans: list[tuple[int, int, int]], before: T.StructT
     files: dict[tuple[int, int | None, tuple], list[str]] = {}
     partition_columns: set[str] = set()
     metadata_changed = False
+    data_bytes: int | None = 0
     for time, span_first, span_last in spans:
         for version in range(span_first, span_last + 1):
             actions = _actions(path, version)
@@ -127,7 +182,9 @@ def change_files(path: str, spans: list[tuple[int, int, int]], before: T.StructT
                     partition_columns.update(change["partitionValues"])
                     values = tuple(sorted(change["partitionValues"].items()))
                     files.setdefault((time, diff, values), []).append(file_uri(path, change["path"]))
-    return ChangeFiles(files, frozenset(partition_columns), metadata_changed)
+                    if diff is not None:
+                        data_bytes = None if data_bytes is None or "size" not in change else data_bytes + change["size"]
+    return ChangeFiles(files, frozenset(partition_columns), metadata_changed, data_bytes)
 
 
 @lru_cache(maxsize=1024)
