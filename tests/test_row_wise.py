@@ -190,7 +190,7 @@ def test_a_keyed_row_wise_view_equals_the_query_as_source_keys_repeat_and_stop(s
     create_source(spark, src, [_random_row(rng, i) for i in range(20)], SCHEMA)
     if not feed:
         spark.sql(f"ALTER TABLE delta.`{src}` SET TBLPROPERTIES (delta.enableChangeDataFeed = false)")
-        monkeypatch.setattr(snapshot, "feed_is_small", lambda *_: False)
+        monkeypatch.setattr(snapshot, "changes_are_small", lambda *_: False)
 
     def edit():
         random_commit(spark, src, rng,

@@ -24,7 +24,7 @@ from pyspark.sql import types as T
 
 from mvsink.desired.changes import (Changes, SourceChangesLost, SourceSchemaChanged, feed_is_small, held_changes,
                                     unreadable)
-from mvsink.desired.log_changes import CHANGE_TYPE, LogChangesUnavailable, change_diff, log_changes
+from mvsink.desired.log_changes import CHANGE_TYPE, LogChangesUnavailable, change_diff, consolidated_rows, log_changes
 from mvsink.desired.row_errors import map_rows
 from mvsink.desired.sources import Desired
 from mvsink.table import spark_uri
@@ -35,6 +35,8 @@ from mvsink.view import ChangesInput, ConfigError, ViewDefinition
 log = logging.getLogger(__name__)
 
 _CDF_COLUMNS = (CHANGE_TYPE, "_commit_version", "_commit_timestamp")
+#: The most rows of a rewrite consolidated in this process that one task holds (:func:`changes_are_small`).
+ONE_TASK_ROWS = 100_000
 
 
 def change_feed(spark: SparkSession, path: str, spans: list[tuple[int, int, int]], first: int,
@@ -69,6 +71,15 @@ def source_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, i
     except LogChangesUnavailable as exc:
         log.info("source %s: versions %d..%d are read from the change data feed: %s", path, first, last, exc)
     return change_feed(spark, path, spans, first, last)
+
+
+def changes_are_small(path: str, first: int, last: int) -> bool:
+    """Whether the changes of versions ``first`` to ``last`` of the table at ``path`` (as
+    :func:`source_changes` read them) are small enough for one task: their files are
+    (:func:`~mvsink.desired.changes.feed_is_small`), or they were a rewrite consolidated in this
+    process into at most :data:`ONE_TASK_ROWS` rows."""
+    rows = consolidated_rows(path, first, last)
+    return rows is not None and rows <= ONE_TASK_ROWS or feed_is_small(path, first, last)
 
 
 class ChangesDesired(Desired):

@@ -101,20 +101,30 @@ def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
     consolidated = None
     if (not listed.partition_columns and listed.data_bytes is not None and listed.data_bytes <= MOST_BYTES_HERE
             and all(isinstance(f.dataType, _FLAT_TYPES) for f in schema.fields)):
-        consolidated = _consolidated_here(spark, {key: uris for key, uris in listed.files.items() if key[1] is not None},
-                                          schema)
+        data = {key: uris for key, uris in listed.files.items() if key[1] is not None}
+        consolidated, rows = _consolidated_here(spark, data, schema) or (None, None)
+        if rows is not None and len(data) == len(listed.files):
+            _consolidated_rows[(path, first, last)] = rows
+            while len(_consolidated_rows) > _SCHEMAS_KEPT:
+                del _consolidated_rows[next(iter(_consolidated_rows))]
     if consolidated is None:
         data = reduce(DataFrame.unionByName, [rows for (_, diff, _), rows in parts.items() if diff is not None])
         consolidated = unit_diffs(consolidate(data.coalesce(1) if small else data))
     return reduce(DataFrame.unionByName, [rows for (_, diff, _), rows in parts.items() if diff is None], consolidated)
 
 
+def consolidated_rows(path: str, first: int, last: int) -> int | None:
+    """How many rows the changes of versions ``first`` to ``last`` of the table at ``path`` were,
+    where :func:`log_changes` read them last, a rewrite consolidated in this process (None: not so)."""
+    return _consolidated_rows.get((path, first, last))
+
+
 def _consolidated_here(spark: SparkSession, files: dict[tuple[int, int, tuple], list[str]], schema: T.StructType
-                       ) -> DataFrame | None:
+                       ) -> tuple[DataFrame, int] | None:
     """The rows of the data ``files`` (each at its time and diff; the table unpartitioned, its
     columns ``schema``'s, of :data:`_FLAT_TYPES`) consolidated in this process with Arrow, as
-    rows of diff 1 or -1, a local relation; None where a file's column does not read as its
-    type (Spark reads them then). Rows cancel only where Arrow has them equal, value for value,
+    rows of diff 1 or -1, a local relation, and how many; None where a file's column does not
+    read as its type (Spark reads them then). Rows cancel only where Arrow has them equal, value for value,
     which Spark has equal too (a pair it would cancel and Arrow keeps is consolidated after)."""
     types = arrow_schema(schema)
     parts = []
@@ -138,7 +148,7 @@ def _consolidated_here(spark: SparkSession, files: dict[tuple[int, int, tuple], 
     units = changed.take(pa.array(np.repeat(np.arange(len(counts)), counts)))
     units = units.set_column(len(names), DIFF, pc.cast(pc.sign(units.column(DIFF)), pa.int64()))
     updates = T.StructType([*schema.fields, T.StructField(TIME, T.LongType()), T.StructField(DIFF, T.LongType())])
-    return spark.createDataFrame(units.combine_chunks(), schema=updates)  # one batch: see in_process.local_relation
+    return spark.createDataFrame(units.combine_chunks(), schema=updates), units.num_rows  # one batch: see local_relation
 
 
 @dataclass(frozen=True)
@@ -202,6 +212,9 @@ def _actions(path: str, version: int) -> list[dict]:
 #: whether it moves (:func:`_check_metadata`).
 _schemas_known: dict[tuple[str, int], T.StructType] = {}
 _SCHEMAS_KEPT = 1024
+#: The rows of the last ranges whose rewrite was consolidated in this process, by ``(path, first,
+#: last)`` (see :func:`consolidated_rows`), as many as :data:`_SCHEMAS_KEPT`.
+_consolidated_rows: dict[tuple[str, int, int], int] = {}
 
 
 def _schema_before(spark: SparkSession, path: str, first: int) -> T.StructType:

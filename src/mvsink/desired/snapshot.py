@@ -73,10 +73,10 @@ from mvsink.desired.arrow_dimension import ArrowDimension
 from mvsink.desired.arrow_groups import MOST_GROUPS, ArrowGroups, Step, arrow_groups
 from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated, arrow_schema
 from mvsink.desired.arrow_recompute import ArrowRecompute, arrow_recompute
-from mvsink.desired.change_feed import source_changes
+from mvsink.desired.change_feed import changes_are_small, source_changes
 from mvsink.desired.change_size import ChangeSize, change_size, source_bytes
 from mvsink.desired.aggregate_top import RowWiseTop, aggregate_groups
-from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads, feed_is_small,
+from mvsink.desired.changes import (NET, Changes, SourceRead, delta_file_indexes, delta_reads,
                                     held_changes, touched_ranges, unreadable)
 from mvsink.desired.dimension import QUIET_STEPS, DimensionSplit, HeldRest, split_at_dimension
 from mvsink.desired.join import (apart_sources, held_names, is_inner_join, is_ranged, join_keys, key_ranges, key_sets,
@@ -759,7 +759,7 @@ class SnapshotDesired(Desired):
             if all(self.timeline.versions(t - 1)[name] == self.timeline.versions(t)[name] for t in times):
                 continue
             feed, first, last = self._feed(times, name)
-            is_small = feed_is_small(self.sources[name], first, last)
+            is_small = changes_are_small(self.sources[name], first, last)
             columns = self._ranged_columns(name, feed.schema)
             observed = [F.to_json(F.collect_set(F.array(TIME, DIFF))), *(F.max(F.col(c).isNull()) for c in columns),
                         *(key_sets(columns) if is_small else [])]
@@ -1417,7 +1417,7 @@ class SnapshotDesired(Desired):
         if all(self.timeline.versions(t - 1)[name] == self.timeline.versions(t)[name] for t in times):
             return Changes(self._no_updates(), 0, times[0], False if self.view.key else None)  # only unread sources moved
         feed, first, last = self._feed(times)
-        small = feed_is_small(self.sources[name], first, last)
+        small = changes_are_small(self.sources[name], first, last)
         feed, source_keys_move = self._hold_feed(feed, small)
         parts = [self._as_updates(self._query({**self._unread_rows, name: rows}), time, diff)
                  for time in times for diff, rows in self._feed_rows(feed, time)]
