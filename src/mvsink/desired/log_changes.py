@@ -56,8 +56,9 @@ CHANGE_TYPE = "_change_type"
 #: (:func:`_consolidated_here`); Spark consolidates a larger rewrite.
 MOST_BYTES_HERE = 128 * 2**20
 #: Spark's types of the columns a rewrite consolidated in this process may have (Arrow groups them).
+#: (Not timestamps: a file's may be INT96, read by Arrow in another unit.)
 _FLAT_TYPES = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType,
-               T.StringType, T.BinaryType, T.BooleanType, T.DateType, T.TimestampType, T.TimestampNTZType)
+               T.StringType, T.BinaryType, T.BooleanType, T.DateType)
 
 
 class LogChangesUnavailable(Exception):
@@ -88,16 +89,19 @@ def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
     _remember(path, last, schema)
     columns = [f.name for f in schema.fields]
     data_schema = T.StructType([f for f in schema.fields if f.name not in listed.partition_columns])
-    parts = {(time, diff, values): _rows(spark, uris, data_schema, schema,
-                                         {c: dict(values).get(c) for c in listed.partition_columns}, time,
-                                         diff).select(*columns, TIME, DIFF)
-             for (time, diff, values), uris in listed.files.items()}
-    if not parts:
+
+    def read(kinds: tuple) -> list[DataFrame]:
+        """The rows of the listed files whose diff is among ``kinds``, by Spark."""
+        return [_rows(spark, uris, data_schema, schema, {c: dict(values).get(c) for c in listed.partition_columns},
+                      time, diff).select(*columns, TIME, DIFF)
+                for (time, diff, values), uris in listed.files.items() if diff in kinds]
+
+    if not listed.files:
         updates = T.StructType([*schema.fields, T.StructField(TIME, T.LongType()), T.StructField(DIFF, T.LongType())])
         return spark.createDataFrame([], updates)
-    rewritten = ({time for time, diff, _ in parts if diff == -1} & {time for time, diff, _ in parts if diff == 1})
+    rewritten = {time for time, diff, _ in listed.files if diff == -1} & {time for time, diff, _ in listed.files if diff == 1}
     if not rewritten or not all(groupable(f.dataType) for f in schema.fields):
-        return reduce(DataFrame.unionByName, parts.values())
+        return reduce(DataFrame.unionByName, read((None, 1, -1)))
     consolidated = None
     if (not listed.partition_columns and listed.data_bytes is not None and listed.data_bytes <= MOST_BYTES_HERE
             and all(isinstance(f.dataType, _FLAT_TYPES) for f in schema.fields)):
@@ -108,9 +112,9 @@ def log_changes(spark: SparkSession, path: str, spans: list[tuple[int, int, int]
             while len(_consolidated_rows) > _SCHEMAS_KEPT:
                 del _consolidated_rows[next(iter(_consolidated_rows))]
     if consolidated is None:
-        data = reduce(DataFrame.unionByName, [rows for (_, diff, _), rows in parts.items() if diff is not None])
+        data = reduce(DataFrame.unionByName, read((1, -1)))
         consolidated = unit_diffs(consolidate(data.coalesce(1) if small else data))
-    return reduce(DataFrame.unionByName, [rows for (_, diff, _), rows in parts.items() if diff is None], consolidated)
+    return reduce(DataFrame.unionByName, read((None,)), consolidated)
 
 
 def consolidated_rows(path: str, first: int, last: int) -> int | None:
