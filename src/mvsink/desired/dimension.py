@@ -205,7 +205,9 @@ def _split(core: DataFrame, plan, rdd_id: int, name: str, leaves: dict[int, str]
     if rest is None or not pairs or any(a is not None and references(a) & found["ids"] for a in arguments):
         raise _NotSplit
     groups = [g.name() for g in scala_items(plan.groupingExpressions()) if g.exprId().id() in found["ids"]]
-    named = [*scala_items(rest.output()), *(nodes.alias(f, f"_mv_k{j}", nodes.new_expr_id()) for j, (_, f) in enumerate(pairs)),
+    inputs = _ids(plan.child().output())  # not the foreign keys carried up only to be _mv_k<j>
+    named = [*(a for a in scala_items(rest.output()) if a.exprId().id() in inputs),
+             *(nodes.alias(f, f"_mv_k{j}", nodes.new_expr_id()) for j, (_, f) in enumerate(pairs)),
              *(nodes.alias(a, c, nodes.new_expr_id()) for a, c in zip(arguments, computed) if c is not None)]
     condition = reduce(lambda x, y: nodes.and_(x, y), [nodes.is_not_null(f) for _, f in pairs])
     rest = nodes.logical.Project(nodes.seq(named), nodes.logical.Filter(condition, rest))
