@@ -193,3 +193,47 @@ def test_vacuumed_files_are_told_unreadable(spark, tmp_path):
     with pytest.raises(Exception) as gone:
         log_changes(spark, path, [(2, 2, 2)]).collect()
     assert unreadable(gone.value) is not None, str(gone.value)[:300]
+
+
+def test_a_rewritten_files_kept_rows_cancel_by_position_and_nothing_else_changes():
+    """A removed file and the added file of as many rows that rewrote it (an UPDATE: its rows in
+    their order, a few changed) leave only the changed rows; a shuffled or unrelated file of as many
+    rows and one of another count are left to grouping; in every case the rows at +1 less those at
+    -1 are what they were (nulls equal to nulls, NaN never cancelled by position)."""
+    import pyarrow as pa
+
+    from mvsink.desired.log_changes import _cancel_by_position
+
+    rng = random.Random(11)
+
+    def table(rows):
+        return pa.table({"id": pa.array([r[0] for r in rows], pa.int64()),
+                         "s": pa.array([r[1] for r in rows], pa.string()),
+                         "x": pa.array([r[2] for r in rows], pa.float64())})
+
+    def random_rows(n):
+        return [(rng.choice([None, *range(40)]), rng.choice([None, "a", "b"]), rng.choice([None, 0.5, float("nan")]))
+                for _ in range(n)]
+
+    def net(removed, added) -> Counter:
+        counted = Counter()
+        for diff, tables in ((-1, removed), (1, added)):
+            for t in tables:
+                for row in zip(*(t.column(c).to_pylist() for c in t.column_names)):
+                    counted[tuple("nan" if v != v else v for v in row)] += diff
+        return +counted - (-counted)
+
+    original = random_rows(3000)
+    changed_at = set(rng.sample(range(3000), 30))
+    rewritten = [(r[0], "changed", r[2]) if i in changed_at else r for i, r in enumerate(original)]
+    other = random_rows(500)
+    shuffled = rng.sample(other, len(other))
+    unrelated_removed, unrelated_added = random_rows(200), random_rows(200)
+    grown = random_rows(100)
+    removed = [table(other), table(unrelated_removed), table(original), table(grown)]
+    added = [table(unrelated_added), table(rewritten), table(shuffled), table(grown + random_rows(1))]
+    left_removed, left_added = _cancel_by_position(removed, added)
+    assert net(left_removed, left_added) == net(removed, added)
+    nan_kept = sum(1 for i in range(3000) if i not in changed_at and original[i][2] != original[i][2])
+    assert left_removed[2].num_rows == left_added[1].num_rows == len(changed_at) + nan_kept
+    assert left_removed[3].num_rows == 100 and left_added[3].num_rows == 101

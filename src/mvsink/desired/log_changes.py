@@ -129,21 +129,23 @@ def _consolidated_here(spark: SparkSession, files: dict[tuple[int, int, tuple], 
     columns ``schema``'s, of :data:`_FLAT_TYPES`) consolidated in this process with Arrow, as
     rows of diff 1 or -1, a local relation, and how many; None where a file's column does not
     read as its type (Spark reads them then). Rows cancel only where Arrow has them equal, value for value,
-    which Spark has equal too (a pair it would cancel and Arrow keeps is consolidated after)."""
+    which Spark has equal too (a pair it would cancel and Arrow keeps is consolidated after).
+    A rewritten file's kept rows are cancelled by position first (:func:`_cancel_by_position`),
+    so that only the rest is grouped."""
     types = arrow_schema(schema)
-    parts = []
+    read: dict[tuple[int, int], list[pa.Table]] = {}
     try:
         for (time, diff, _), uris in files.items():
-            for uri in uris:
-                fs, path = storage.filesystem(uri)
-                with fs.open_input_file(path) as f:
-                    rows = pq.ParquetFile(f).read()
-                columns = [pc.cast(rows.column(field.name), field.type, safe=True) if field.name in rows.column_names
-                           else pa.nulls(rows.num_rows, field.type) for field in types]
-                stamps = [pa.repeat(pa.scalar(value, pa.int64()), rows.num_rows) for value in (time, diff)]
-                parts.append(pa.Table.from_arrays([*columns, *stamps], names=[*types.names, TIME, DIFF]))
+            read.setdefault((time, diff), []).extend(_file_rows(uri, types, keep=diff == 1) for uri in uris)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
+    parts = []
+    for time in sorted({time for time, _ in read}):
+        removed, added = _cancel_by_position(read.get((time, -1), []), read.get((time, 1), []))
+        for diff, tables in ((-1, removed), (1, added)):
+            for rows in tables:
+                stamps = [pa.repeat(pa.scalar(value, pa.int64()), rows.num_rows) for value in (time, diff)]
+                parts.append(pa.Table.from_arrays([*rows.columns, *stamps], names=[*types.names, TIME, DIFF]))
     names = [*types.names, TIME]
     summed = pa.concat_tables(parts).group_by(names, use_threads=False).aggregate([(DIFF, "sum")])
     summed = summed.rename_columns([*names, DIFF])
@@ -153,6 +155,68 @@ def _consolidated_here(spark: SparkSession, files: dict[tuple[int, int, tuple], 
     units = units.set_column(len(names), DIFF, pc.cast(pc.sign(units.column(DIFF)), pa.int64()))
     updates = T.StructType([*schema.fields, T.StructField(TIME, T.LongType()), T.StructField(DIFF, T.LongType())])
     return spark.createDataFrame(units.combine_chunks(), schema=updates), units.num_rows  # one batch: see local_relation
+
+
+#: The most bytes of added files' rows kept in this process for the next range, which mostly removes them.
+MOST_BYTES_KEPT = 256 * 2**20
+#: The rows of the added files read last, by ``(URI, Arrow schema)``, oldest first (a data file never
+#: changes once written), at most :data:`MOST_BYTES_KEPT` in all.
+_kept_files: dict[tuple[str, pa.Schema], pa.Table] = {}
+
+
+def _file_rows(uri: str, types: pa.Schema, keep: bool) -> pa.Table:
+    """The rows of the data file at ``uri`` in the columns ``types`` (one missing from the file
+    is null), cast safely (raising :class:`pyarrow.ArrowInvalid` where a value does not fit);
+    ``keep``: kept for the next read of the file (:data:`_kept_files`)."""
+    rows = _kept_files.pop((uri, types), None)
+    if rows is None:
+        fs, path = storage.filesystem(uri)
+        with fs.open_input_file(path) as f:
+            read = pq.ParquetFile(f).read()
+        rows = pa.Table.from_arrays(
+            [pc.cast(read.column(field.name), field.type, safe=True) if field.name in read.column_names
+             else pa.nulls(read.num_rows, field.type) for field in types], names=types.names)
+    if keep and rows.nbytes <= MOST_BYTES_KEPT:
+        _kept_files[uri, types] = rows
+        while sum(kept.nbytes for kept in _kept_files.values()) > MOST_BYTES_KEPT:
+            del _kept_files[next(iter(_kept_files))]
+    return rows
+
+
+#: The rows of a removed and an added file compared to tell whether the added file rewrote the removed one.
+_PROBE_ROWS = 1024
+
+
+def _cancel_by_position(removed: list[pa.Table], added: list[pa.Table]) -> tuple[list[pa.Table], list[pa.Table]]:
+    """The ``removed`` and ``added`` files' rows (of one time) without the pairs equal at the same
+    position of a removed file and an added file of as many rows that rewrote it.
+
+    An UPDATE without deletion vectors writes each file it touches anew, its rows in their order
+    and most of them as they were, so such a pair is mostly the rows kept. Dropping a row at -1
+    and an equal row at +1 of one time is consolidation whatever the files were, so a pairing
+    that is not a rewrite costs only rows left to group: a file is paired with the removed file
+    of as many rows whose first :data:`_PROBE_ROWS` rows agree most (none where none agrees).
+    Values are equal where Arrow has them equal, nulls where both are null (a NaN is left)."""
+    removed, kept_added = list(removed), []
+    for rows in added:
+        probe = rows.slice(0, _PROBE_ROWS)
+        candidates = [(pc.sum(_equal_rows(probe, other.slice(0, _PROBE_ROWS))).as_py() or 0, i)
+                      for i, other in enumerate(removed) if other.num_rows == rows.num_rows]
+        agreeing, best = max(candidates, default=(0, None))
+        if not agreeing:
+            kept_added.append(rows)
+            continue
+        differing = pc.invert(_equal_rows(rows, removed[best]))
+        kept_added.append(rows.filter(differing))
+        removed[best] = removed[best].filter(differing)
+    return removed, kept_added
+
+
+def _equal_rows(left: pa.Table, right: pa.Table) -> pa.Array:
+    """Where the rows of ``left`` and ``right`` (as many, same columns) are equal, value for value
+    (nulls equal to nulls)."""
+    return reduce(pc.and_, [pc.or_(pc.fill_null(pc.equal(a, b), False), pc.and_(pc.is_null(a), pc.is_null(b)))
+                            for a, b in zip(left.columns, right.columns)])
 
 
 @dataclass(frozen=True)
