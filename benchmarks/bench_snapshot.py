@@ -1,7 +1,8 @@
 """A snapshot view (a query over a source) against recomputing it: overwrite, and MERGE with
 NOT MATCHED BY SOURCE DELETE, on the same workload in the same run.
 
-Workload: one source of ``--rows`` rows; each round updates ``--change-fraction`` of them (1%).
+Workload: one source of ``--rows`` rows; each round updates ``--change-fraction`` of them (1%),
+or deletes them (``--delete``: a DELETE rewrites its files without their rows, in their order).
 Three views, chosen with ``--query`` (the first two are row-wise: mvsink applies them to the
 source's change data feed; the aggregate is a linear aggregate: mvsink keeps its groups' counts and
 sums and moves them by the change feed; ``--recompute`` makes mvsink evaluate any query in full):
@@ -71,6 +72,8 @@ def main() -> int:
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
     parser.add_argument("--no-feed", action="store_true",
                         help="the source without its change data feed (mvsink reads a commit's added and removed files)")
+    parser.add_argument("--delete", action="store_true",
+                        help="each round deletes the rows instead of updating them")
     parser.add_argument("--recompute", action="store_true",
                         help="evaluate the query in full each round even where it is row-wise or a linear aggregate")
     args = parser.parse_args()
@@ -153,8 +156,9 @@ def run(args, workdir: str) -> int:
     snapshot = []
     phases_before, jobs_before = dict(view.metrics.phase_seconds), dict(view.metrics.phase_spark_jobs)
     for r in range(1, args.rounds + 1):
-        spark.sql(f"UPDATE delta.`{paths['source']}` SET amount = amount + {r} "
-                  f"WHERE pmod(hash(id, {r}), {modulus}) = 0")
+        changed = f"WHERE pmod(hash(id, {r}), {modulus}) = 0"
+        spark.sql(f"DELETE FROM delta.`{paths['source']}` {changed}" if args.delete
+                  else f"UPDATE delta.`{paths['source']}` SET amount = amount + {r} {changed}")
         # The new version's Delta snapshot (its file list, from the log) is built by whoever reads
         # that version first, and then kept in the JVM: built here, once for all, and timed apart,
         # so that no contender pays it for the others.
@@ -181,7 +185,7 @@ def run(args, workdir: str) -> int:
     print(f"\n=== a snapshot view ({args.query}) vs recompute + overwrite vs MERGE ... NOT MATCHED BY SOURCE DELETE ===")
     print(f"machine: {machine()}")
     print(f"workload: {sql!r} over {args.rows:,} rows ({view_rows:,} view rows; change data feed {'off' if args.no_feed else 'on'}); "
-          f"per round one source commit updating {args.change_fraction:.0%} of them; {args.rounds} rounds; "
+          f"per round one source commit {'deleting' if args.delete else 'updating'} {args.change_fraction:.0%} of them; {args.rounds} rounds; "
           f"mvsink {_path(view.desired)}")
     print(warm_up_line)
     print("initial load:  " + "  ".join(f"{k} {v:6.1f}s" for k, v in hydration.items()))

@@ -195,14 +195,16 @@ def test_vacuumed_files_are_told_unreadable(spark, tmp_path):
     assert unreadable(gone.value) is not None, str(gone.value)[:300]
 
 
-def test_a_rewritten_files_kept_rows_cancel_by_position_and_nothing_else_changes():
+def test_a_rewritten_files_kept_rows_cancel_and_nothing_else_changes():
     """A removed file and the added file of as many rows that rewrote it (an UPDATE: its rows in
-    their order, a few changed) leave only the changed rows; a shuffled or unrelated file of as many
-    rows and one of another count are left to grouping; in every case the rows at +1 less those at
-    -1 are what they were (nulls equal to nulls, NaN never cancelled by position)."""
+    their order, a few changed) leave only the changed rows; without a column of unique values, a
+    shuffled or unrelated file of as many rows and one of another count are left to grouping; with
+    one (a key), a DELETE's and a MERGE's rewrites (rows dropped, order lost, a row added twice)
+    leave only the changed rows too. In every case the rows at +1 less those at -1 are what they
+    were (nulls equal to nulls, NaN never cancelled)."""
     import pyarrow as pa
 
-    from mvsink.desired.log_changes import _cancel_by_position
+    from mvsink.desired.log_changes import _cancel_kept_rows
 
     rng = random.Random(11)
 
@@ -232,8 +234,19 @@ def test_a_rewritten_files_kept_rows_cancel_by_position_and_nothing_else_changes
     grown = random_rows(100)
     removed = [table(other), table(unrelated_removed), table(original), table(grown)]
     added = [table(unrelated_added), table(rewritten), table(shuffled), table(grown + random_rows(1))]
-    left_removed, left_added = _cancel_by_position(removed, added)
+    left_removed, left_added = _cancel_kept_rows(removed, added)
     assert net(left_removed, left_added) == net(removed, added)
     nan_kept = sum(1 for i in range(3000) if i not in changed_at and original[i][2] != original[i][2])
     assert left_removed[2].num_rows == left_added[1].num_rows == len(changed_at) + nan_kept
     assert left_removed[3].num_rows == 100 and left_added[3].num_rows == 101
+
+    keyed = [(i, rng.choice([None, "a", "b"]), rng.choice([None, 0.5])) for i in range(4000)]
+    touched = {i for i in changed_at if i < 2000}
+    deleted = [r for i, r in enumerate(keyed[:2000]) if i not in touched]  # a DELETE
+    merged = rng.sample([(r[0], "changed", r[2]) if r[0] - 2000 in touched else r for r in keyed[2000:]], 2000)
+    merged.append(keyed[2500])  # a row kept and inserted again: one copy cancels, one is added
+    removed, added = [table(keyed[:2000]), table(keyed[2000:])], [table(deleted), table(merged)]
+    left_removed, left_added = _cancel_kept_rows(removed, added)
+    assert net(left_removed, left_added) == net(removed, added)
+    assert sum(t.num_rows for t in left_removed) == 2 * len(touched)
+    assert sum(t.num_rows for t in left_added) == len(touched) + 1

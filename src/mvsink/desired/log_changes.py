@@ -130,8 +130,8 @@ def _consolidated_here(spark: SparkSession, files: dict[tuple[int, int, tuple], 
     rows of diff 1 or -1, a local relation, and how many; None where a file's column does not
     read as its type (Spark reads them then). Rows cancel only where Arrow has them equal, value for value,
     which Spark has equal too (a pair it would cancel and Arrow keeps is consolidated after).
-    A rewritten file's kept rows are cancelled by position first (:func:`_cancel_by_position`),
-    so that only the rest is grouped."""
+    A rewrite's kept rows are cancelled first (:func:`_cancel_kept_rows`), so that only the rest
+    is grouped."""
     types = arrow_schema(schema)
     read: dict[tuple[int, int], list[pa.Table]] = {}
     try:
@@ -141,7 +141,7 @@ def _consolidated_here(spark: SparkSession, files: dict[tuple[int, int, tuple], 
         return None
     parts = []
     for time in sorted({time for time, _ in read}):
-        removed, added = _cancel_by_position(read.get((time, -1), []), read.get((time, 1), []))
+        removed, added = _cancel_kept_rows(read.get((time, -1), []), read.get((time, 1), []))
         for diff, tables in ((-1, removed), (1, added)):
             for rows in tables:
                 stamps = [pa.repeat(pa.scalar(value, pa.int64()), rows.num_rows) for value in (time, diff)]
@@ -183,20 +183,37 @@ def _file_rows(uri: str, types: pa.Schema, keep: bool) -> pa.Table:
     return rows
 
 
-#: The rows of a removed and an added file compared to tell whether the added file rewrote the removed one.
+#: The rows of a removed and an added file compared to tell whether the added file rewrote the
+#: removed one; fewer rows left on a side are left to grouping.
 _PROBE_ROWS = 1024
+#: The columns of the removed rows tried for one whose values are unique (:func:`_cancel_by_unique_column`).
+_UNIQUE_TRIES = 3
+
+
+def _cancel_kept_rows(removed: list[pa.Table], added: list[pa.Table]) -> tuple[list[pa.Table], list[pa.Table]]:
+    """The ``removed`` and ``added`` files' rows (of one time) without pairs of equal rows, one
+    removed and one added, found where a rewrite keeps them: at the same position of a removed
+    file and of the added file that rewrote it (:func:`_cancel_by_position`: an UPDATE), then by
+    a column whose values are unique among the removed rows left (:func:`_cancel_by_unique_column`:
+    a DELETE, a MERGE, files packed together). Dropping a row at -1 and an equal row at +1 of one
+    time is consolidation, whatever the files were: a pair missed is only a row left to group."""
+    removed, added = _cancel_by_position(removed, added)
+    left_removed, left_added = (pa.concat_tables(tables) if tables else None for tables in (removed, added))
+    if left_removed is None or left_added is None or min(left_removed.num_rows, left_added.num_rows) <= _PROBE_ROWS:
+        return removed, added
+    cancelled = _cancel_by_unique_column(left_removed, left_added)
+    return (removed, added) if cancelled is None else ([cancelled[0]], [cancelled[1]])
 
 
 def _cancel_by_position(removed: list[pa.Table], added: list[pa.Table]) -> tuple[list[pa.Table], list[pa.Table]]:
-    """The ``removed`` and ``added`` files' rows (of one time) without the pairs equal at the same
-    position of a removed file and an added file of as many rows that rewrote it.
+    """The ``removed`` and ``added`` files' rows without the pairs equal at the same position of
+    a removed file and an added file of as many rows that rewrote it.
 
     An UPDATE without deletion vectors writes each file it touches anew, its rows in their order
-    and most of them as they were, so such a pair is mostly the rows kept. Dropping a row at -1
-    and an equal row at +1 of one time is consolidation whatever the files were, so a pairing
-    that is not a rewrite costs only rows left to group: a file is paired with the removed file
-    of as many rows whose first :data:`_PROBE_ROWS` rows agree most (none where none agrees).
-    Values are equal where Arrow has them equal, nulls where both are null (a NaN is left)."""
+    and most of them as they were, so such a pair is mostly the rows kept. A file is paired with
+    the removed file of as many rows whose first :data:`_PROBE_ROWS` rows agree most (none where
+    none agrees). Values are equal where Arrow has them equal, nulls where both are null (a NaN
+    is left)."""
     removed, kept_added = list(removed), []
     for rows in added:
         probe = rows.slice(0, _PROBE_ROWS)
@@ -210,6 +227,42 @@ def _cancel_by_position(removed: list[pa.Table], added: list[pa.Table]) -> tuple
         kept_added.append(rows.filter(differing))
         removed[best] = removed[best].filter(differing)
     return removed, kept_added
+
+
+def _cancel_by_unique_column(removed: pa.Table, added: pa.Table) -> tuple[pa.Table, pa.Table] | None:
+    """``removed`` and ``added`` (both with rows) without the pairs of equal rows found through a column without
+    nulls whose values are unique in ``removed`` (the first of :data:`_UNIQUE_TRIES` of exact
+    types, a key mostly): each added row is compared with the removed row of its value, and each
+    removed row cancels at most one added row. None where no column tried is unique."""
+    removed, added = removed.combine_chunks(), added.combine_chunks()  # takes from one chunk are fast
+    for name in [f.name for f in removed.schema if _exact(f.type)][:_UNIQUE_TRIES]:
+        values = removed.column(name).chunk(0)
+        if values.null_count or len(pc.unique(values)) != removed.num_rows:
+            continue
+        at = pc.index_in(added.column(name), value_set=values)
+        added_at = np.flatnonzero(pc.is_valid(at).to_numpy(zero_copy_only=False))
+        removed_at = pc.drop_null(at).to_numpy(zero_copy_only=False).astype(np.int64)
+        same = _equal_rows(added.take(added_at), removed.take(removed_at)).to_numpy(zero_copy_only=False)
+        added_at, removed_at = added_at[same], removed_at[same]
+        taken = np.zeros(removed.num_rows, dtype=bool)
+        taken[removed_at] = True
+        if taken.sum() < len(removed_at):  # an added value twice: each removed row cancels once
+            removed_at, first = np.unique(removed_at, return_index=True)
+            added_at = added_at[first]
+        return _without(removed, removed_at), _without(added, added_at)
+    return None
+
+
+def _exact(data_type: pa.DataType) -> bool:
+    """Whether values of ``data_type`` are equal only where they are the same value (no NaN, no -0.0)."""
+    return (pa.types.is_integer(data_type) or pa.types.is_string(data_type) or pa.types.is_binary(data_type)
+            or pa.types.is_date(data_type) or pa.types.is_decimal(data_type))
+
+
+def _without(rows: pa.Table, positions: np.ndarray) -> pa.Table:
+    keep = np.ones(rows.num_rows, dtype=bool)
+    keep[positions] = False
+    return rows.filter(pa.array(keep))
 
 
 def _equal_rows(left: pa.Table, right: pa.Table) -> pa.Array:
