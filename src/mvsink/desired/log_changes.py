@@ -242,7 +242,8 @@ def _cancel_by_unique_column(removed: pa.Table, added: pa.Table) -> tuple[pa.Tab
         at = pc.index_in(added.column(name), value_set=values)
         added_at = np.flatnonzero(pc.is_valid(at).to_numpy(zero_copy_only=False))
         removed_at = pc.drop_null(at).to_numpy(zero_copy_only=False).astype(np.int64)
-        same = _equal_rows(added.take(added_at), removed.take(removed_at)).to_numpy(zero_copy_only=False)
+        found = added if len(added_at) == added.num_rows else added.take(added_at)  # a DELETE's: every row
+        same = _equal_rows(found, removed.take(removed_at)).to_numpy(zero_copy_only=False)
         added_at, removed_at = added_at[same], removed_at[same]
         taken = np.zeros(removed.num_rows, dtype=bool)
         taken[removed_at] = True
