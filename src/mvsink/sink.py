@@ -60,6 +60,7 @@ from mvsink.target.commit_info import (META_HISTORY, META_READBACK, REASON_CORRE
                                        REASON_REPAIR)
 from mvsink.append.fence import Fence, Fenced
 from mvsink.append.retention import Retention, Upkeep
+from mvsink.arrow_memory import use_system_allocator
 from mvsink.cleanup import clean_orphans
 from mvsink.correction import CorrectionBuffer, checkpointed, state_lost
 from mvsink.correction.readback import ReadBack, ReadBackError
@@ -157,6 +158,7 @@ class MaterializedView:
     def __init__(self, spark: SparkSession, view: ViewDefinition, orphan_grace_seconds: float = 3600.0,
                  max_consecutive_failures: int = 3):
         self.spark = spark
+        use_system_allocator()
         self.max_consecutive_failures = max_consecutive_failures
         self._failures = 0
         #: Held for a whole step: :meth:`plan` reads the buffer and frontiers between two steps.

@@ -1418,54 +1418,55 @@ class SnapshotDesired(Desired):
             return Changes(self._no_updates(), 0, times[0], False if self.view.key else None)  # only unread sources moved
         feed, first, last = self._feed(times)
         small = changes_are_small(self.sources[name], first, last)
-        feed, source_keys_move = self._hold_feed(feed, small)
+        feed, grows, shrinks = self._hold_feed(feed, small)
         parts = [self._as_updates(self._query({**self._unread_rows, name: rows}), time, diff)
                  for time in times for diff, rows in self._feed_rows(feed, time)]
         changes = held_changes(self._finish(reduce(DataFrame.unionByName, parts)), times[0], self.view.key,
                                one_task=small)
-        if self._source_keys_unique(source_keys_move, times, changes.key_counts_change):
+        if self._source_keys_unique(grows, shrinks, times, changes.key_counts_change):
             return replace(changes, key_counts_change=False, touched=None)
         return changes
 
-    def _hold_feed(self, feed: DataFrame, small: bool) -> tuple[DataFrame, bool]:
-        """The ``feed`` held, and whether some source key's row count changes at some time in it
-        (True where the view's key is not the source's): observed by the Spark job that holds it,
-        over per-(key, time) sums of the feed shuffled by the key (gathered in one task if
-        ``small``: no shuffle)."""
+    def _hold_feed(self, feed: DataFrame, small: bool) -> tuple[DataFrame, bool, bool]:
+        """The ``feed`` held, and whether some source key's row count grows, and whether one
+        shrinks, at some time in it (both True where the view's key is not the source's):
+        observed by the Spark job that holds it, over per-(key, time) sums of the feed shuffled
+        by the key (gathered in one task if ``small``: no shuffle)."""
         if self._source_key is None:
-            return feed.localCheckpoint(eager=True), True
+            return feed.localCheckpoint(eager=True), True, True
         spread = feed.coalesce(1) if small else feed.repartition(*self._source_key)
         net = spread.withColumn(NET, F.sum(DIFF).over(Window.partitionBy(*self._source_key, TIME)))
-        held, (moves,) = held_observing(net, _SOURCE_KEYS, F.coalesce(F.max(F.col(NET) != 0), F.lit(False)),
-                                        keep=feed.columns)
-        return held, moves
+        held, (grows, shrinks) = held_observing(
+            net, _SOURCE_KEYS, *[F.coalesce(F.max(moved), F.lit(False)) for moved in (F.col(NET) > 0, F.col(NET) < 0)],
+            keep=feed.columns)
+        return held, grows, shrinks
 
-    def _source_keys_unique(self, moves: bool, times: list[int], wanted: bool) -> bool:
+    def _source_keys_unique(self, grows: bool, shrinks: bool, times: list[int], wanted: bool) -> bool:
         """Whether the source's rows have unique key values (:attr:`_source_key`) at every one of
         ``times``. Then so do the view's, whose rows are at most one per source row and carry its
         key values: no key violation can start or end, and no key needs checking.
 
-        Where no source key's row count ``moves`` (in the common case, updates, none does), the
-        answer at the time before holds at every one of ``times``. Where that is not known, the
-        source's key columns at the last time are read once (:func:`~mvsink.desired.key_check.unique_keys`),
-        if the answer is ``wanted`` (a key's count in the view changes); from then on the answer is
-        kept, step by step."""
-        if moves:
-            self._source_keys_known = None
-            return False
+        Where no source key's row count ``grows``, unique keys at the time before stay unique at
+        every one of ``times`` (rows replaced key for key, as an UPDATE does, or rows deleted);
+        keys that repeated before still repeat where none ``shrinks``. Otherwise, if the answer
+        is ``wanted`` (a key's count in the view changes), the source's key columns at the last
+        time are read once (:func:`~mvsink.desired.key_check.unique_keys`): that answers for
+        every time where no count moved, and for the next step where one shrank (a violation may
+        end within these times, so they are checked). The answer is kept, step by step."""
         known = self._source_keys_known
-        if known is not None and known[0] == times[0] - 1:
-            unique = known[1]
-        elif not wanted:
+        before = known[1] if known is not None and known[0] == times[0] - 1 else None
+        if not grows and (before or (before is False and not shrinks)):
+            self._source_keys_known = (times[-1], before)
+            return before
+        if grows or not wanted:
             self._source_keys_known = None
             return False
-        else:
-            (name,) = self.read
-            rows = self.read_source(name, self.timeline.versions(times[-1])[name])
-            key = self._source_key
-            _, unique = unique_keys(rows.select(*key, F.lit(1).cast("long").alias(DIFF)), key)
+        (name,) = self.read
+        rows = self.read_source(name, self.timeline.versions(times[-1])[name])
+        key = self._source_key
+        _, unique = unique_keys(rows.select(*key, F.lit(1).cast("long").alias(DIFF)), key)
         self._source_keys_known = (times[-1], unique)
-        return unique
+        return unique and not shrinks
 
     def _recomputed_changes(self, times: list[int]) -> tuple[Changes, int]:
         """One evaluation per time, the difference to the last result: the new result at +1 and
