@@ -4,9 +4,9 @@ A step reads, cancels and rewrites files with Arrow in the driver (a rewrite's c
 :mod:`mvsink.desired.log_changes`; a join's terms and the groups' state,
 :mod:`mvsink.desired.in_process`; the view's touched files rewritten, :mod:`mvsink.write.rewrite`),
 allocating and freeing hundreds of MB per step. pyarrow's default pool (mimalloc) commits its
-arenas eagerly and hands memory back to the system between steps; on a VM whose first touch of
-fresh pages is slow, the next step faults them in again (1.5-2.1 s for the 1M rows of one
-rewrite's cancel pass, against 0.3 s with the system allocator; ``benchmarks/HISTORY.md``). So
+arenas eagerly; on the 2-core VM mvsink is measured on, its first use of that memory was slow,
+and again in later steps (1.5-2.1 s for the 1M rows of one rewrite's cancel pass, against 0.3 s
+with the system allocator or with mimalloc's eager commit off; ``benchmarks/HISTORY.md``). So
 mvsink makes the system allocator pyarrow's default pool once per process, unless
 ``ARROW_DEFAULT_MEMORY_POOL`` chose one (``mimalloc``, ``jemalloc`` or ``system``: pyarrow's own
 setting, which mvsink leaves as it is). Arrays already allocated keep their pool.
