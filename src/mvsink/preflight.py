@@ -14,6 +14,7 @@ exit code (2) and nothing written.
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from mvsink.table import latest_version
@@ -43,10 +44,8 @@ def check_sources(sources: dict[str, str], where: str) -> None:
             raise ConfigError(f"{where}: source {name} ({path}) is not a Delta table (no _delta_log with a commit)")
 
 
-def trigger_seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
     """``--trigger-seconds``: a positive number of seconds (an ``argparse`` type)."""
-    import argparse
-
     try:
         value = float(text)
     except ValueError:

@@ -44,7 +44,7 @@ import threading
 import time
 
 from mvsink.metrics import MetricsServer
-from mvsink.preflight import check_pipeline, check_view, trigger_seconds as positive_seconds
+from mvsink.preflight import check_pipeline, check_view, positive_seconds
 from mvsink.replica.protocol import (CreateDataflow, CreateInstance, CreateTimely,
                                      InitializationComplete, Schedule)
 from mvsink.replica.state import ComputeState, LogConnection
