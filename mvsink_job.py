@@ -7,10 +7,6 @@ runs the built-in local example (see README).
 import sys
 
 if __name__ == "__main__":
-    if "--example" in sys.argv[1:]:
-        from mvsink.example import main as example_main
-
-        sys.exit(example_main([a for a in sys.argv[1:] if a != "--example"]))
-    from mvsink.replica.job import main
+    from mvsink.replica.job import main  # --example included (see --help)
 
     sys.exit(main())

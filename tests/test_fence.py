@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -17,6 +18,7 @@ from mvsink.append import Shard, compare_and_append
 from mvsink.target.commit_info import META_DEFINITION, REASON_FENCE
 from mvsink.append.fence import DefinitionRefused, Fence, Fenced, fence_of, fence_property
 from mvsink.mint import Description
+from mvsink.write import StagedBatch, StagedFile
 
 _ID_OF_CONFIG = textwrap.dedent("""
     import sys
@@ -169,3 +171,34 @@ def test_a_stale_snapshot_conflicts_and_the_reread_finds_the_fence(blue_table):
     with pytest.raises(Fenced):
         compare_and_append(green2, Description(4, 5), None, "progress")
     assert fence_of(DeltaTable(target), "v") == "blue"
+
+
+def _staged(target: str, desc: Description) -> StagedBatch:
+    """One Parquet file written into the table's folder, not committed: a staged batch."""
+    import pyarrow.parquet as pq
+
+    name = f"staged-{desc.lower}.parquet"
+    pq.write_table(pa.table({"id": [1], "_mv_time": [desc.lower], "_mv_diff": [1]}, schema=_SCHEMA),
+                   f"{target}/{name}")
+    size = (Path(target) / name).stat().st_size
+    return StagedBatch(desc, target, files=[StagedFile(name, size, 1, "{}")])
+
+
+def test_a_writer_that_loses_to_the_fence_deletes_its_staged_file(blue_table, monkeypatch):
+    """As a lost race does: the fenced replica never commits, so its staged file is no one's."""
+    target = blue_table
+    blue = _shard(target, "blue", "b1")
+    green = _shard(target, "green", "g1", read_only=True)
+    green.fence.allow_writes(DeltaTable(target), cutover=True)
+    monkeypatch.setattr(failpoints, "hit", lambda name: name == "before-commit" and green.raise_fence(green.table(), 1))
+    batch = _staged(target, Description(1, 2))
+    assert (Path(target) / batch.files[0].path).exists()
+    with pytest.raises(Fenced, match="is fenced"):
+        compare_and_append(blue, Description(1, 2), batch, "correction")
+    assert not (Path(target) / batch.files[0].path).exists(), "the fenced writer's staged file is deleted"
+    monkeypatch.undo()
+    later = _staged(target, Description(1, 2))  # and once fenced, any later batch of it too
+    with pytest.raises(Fenced):
+        compare_and_append(blue, Description(1, 2), later, "correction")
+    assert not (Path(target) / later.files[0].path).exists()
+    assert [c[0] for c in _commits(target)] == ["b1", "g1"]

@@ -72,6 +72,8 @@ BAD = {
     "unknown setting": ({"a.sql": GOOD, "pipeline.yaml": "target: x"}, "pipeline.yaml: unknown settings ['target']"),
     "unknown view setting": ({"a.sql": GOOD, "pipeline.yaml": "views: {other: {layout: table}}"},
                              "views.other: no view 'other' is defined"),
+    "a trigger of 0": ({"a.sql": GOOD, "pipeline.yaml": "defaults: {trigger_seconds: 0}"},
+                       "defaults.trigger_seconds must be a positive number of seconds, not 0"),
     "python: unknown source or view": ({"p.py": PY + "@materialized_view()\ndef v(orders, nope):\n    return orders\n"},
                                        "p.py:3: view v takes parameter nope, which is neither a source "
                                        "(customer, orders) nor a view of the pipeline (v)"),

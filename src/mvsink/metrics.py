@@ -42,6 +42,7 @@ METRICS = {
                                     "layout; -1 in the update layout)."),
     "mvsink_step_seconds": ("gauge", "Duration of the last step."),
     "mvsink_read_only": ("gauge", "1 while the replica is read-only."),
+    "mvsink_failed": ("gauge", "1 once the view's steps stopped on a failure (its log line at ERROR says why); other views go on."),
     "mvsink_fenced": ("gauge", "1 once another definition of the view holds the fence: this replica never writes again."),
     "mvsink_phase_seconds_total": ("counter", "Seconds spent in each phase of the steps (see mvsink.step_profile)."),
     "mvsink_phase_spark_jobs_total": ("counter", "Spark jobs run in each phase of the steps."),
@@ -136,6 +137,7 @@ def render(views: dict) -> str:
             "mvsink_step_seconds": m.step_seconds, "mvsink_read_only": int(mv.read_only),
             "mvsink_view_errors": m.view_errors(mv),
             "mvsink_fenced": int(mv.fenced is not None),
+            "mvsink_failed": int(mv.failure is not None),
             "mvsink_steps_in_process_total": m.in_process_steps,
             **hydration_values(mv.hydration),
         }

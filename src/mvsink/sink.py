@@ -138,6 +138,13 @@ class StepReport:
     #: (:attr:`mvsink.desired.changes.Changes.in_process`).
     in_process: str = ""
 
+    @property
+    def idle(self) -> bool:
+        """The step found nothing to do: no time minted, nothing to write, no append, no repair
+        (logged at DEBUG: an idle view would log every trigger)."""
+        return (self.desc is None and self.appended is None and self.minted_time is None
+                and not self.corrections and not self.repairs)
+
     def __str__(self) -> str:
         appended = {None: "no append", True: "won", False: "lost"}[self.appended]
         desc = f"[{self.desc.lower}, {self.desc.upper})" if self.desc else "none"
@@ -161,6 +168,8 @@ class MaterializedView:
         use_system_allocator()
         self.max_consecutive_failures = max_consecutive_failures
         self._failures = 0
+        #: Why the view's steps stopped (a failure :meth:`foreach_batch` let through), or None.
+        self.failure: str | None = None
         #: Held for a whole step: :meth:`plan` reads the buffer and frontiers between two steps.
         self._step_lock = threading.RLock()
         self.view = view
@@ -202,9 +211,9 @@ class MaterializedView:
         #: The buffer holds a hydration's snapshot whose keys are not checked yet (:meth:`_hold_unchecked`).
         self._keys_unchecked = False
         self._steps = 0
-        log.info("view %s (replica %s) on %s (%s layout): %s over %s, key %s, as_of %d, timeline %s%s",
+        log.info("view %s (replica %s) on %s (%s layout): %s over %s, key %s, as_of %d, timeline %s",
                  view.view_id, view.replica_id, view.target, self.layout, type(view.input).__name__,
-                 view.sources, list(view.key), view.as_of, view.timeline, ", read-only" if view.read_only else "")
+                 view.sources, list(view.key), view.as_of, view.timeline)
 
     @property
     def read_only(self) -> bool:
@@ -219,6 +228,8 @@ class MaterializedView:
         and the view stays read-only and is fenced (:mod:`mvsink.append.fence`)."""
         if self.read_only:
             self.shard.fence.allow_writes(self._latest_table(), cutover)
+            log.info("view %s (replica %s): writes allowed%s", self.view.view_id, self.view.replica_id,
+                     " (a cutover)" if cutover else "")
         self.minter.allow_writes()
 
     @property
@@ -252,19 +263,21 @@ class MaterializedView:
         """
         try:
             report = self.step()
-        except ConfigError:
+        except ConfigError as exc:
             self.metrics.failures += 1
+            self.failure = str(exc)
             raise
-        except Exception:
+        except Exception as exc:
             self._failures += 1
             self.metrics.failures += 1
             if self._failures >= self.max_consecutive_failures:
+                self.failure = str(exc)
                 raise
             log.exception("batch %d failed (%d in a row); retrying at the next trigger", batch_id,
                           self._failures)
             return
         self._failures = 0
-        log.info("batch %d: %s", batch_id, report)
+        log.log(logging.DEBUG if report.idle else logging.INFO, "batch %d: %s", batch_id, report)
 
     def _table_upper(self) -> int:
         return self.shard.verified_upper() if latest_version(self.view.target) is not None else 0
@@ -378,6 +391,7 @@ class MaterializedView:
         with profile.phase("mint"):
             self._check_times(persisted.upper)
             latest = self.desired.latest_versions()
+            self.desired.warn_of_new_columns(latest)
             self.timeline.check_not_behind(latest)
             last = self.timeline.last()
             computed_all = self.desired_frontier in (None, self.timeline.upper)
@@ -705,7 +719,7 @@ class MaterializedView:
                 if after_step is not None:
                     after_step()
 
-        return StepLoop(self.spark, f"mvsink-{self.view.view_id}", trigger_seconds, tick)
+        return StepLoop(self.spark, f"mvsink-{self.view.view_id}", trigger_seconds, tick, view_id=self.view.view_id)
 
     def stop_stream(self, loop: StepLoop, timeout_seconds: float = 60.0) -> None:
         """Stop a loop of :meth:`start_stream` between two steps: wait for the running step to end

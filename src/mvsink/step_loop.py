@@ -17,18 +17,23 @@ Spark jobs (tagged with the loop's tag), which a step survives without loss (see
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
 from typing import Callable
 
+from mvsink.log_context import about_view
+
 log = logging.getLogger(__name__)
 
 
 class StepLoop:
-    def __init__(self, spark, name: str, trigger_seconds: float, run_step: Callable[[int], None]):
-        """Start calling ``run_step(n)`` (``n`` counts the steps from 0) every ``trigger_seconds``."""
+    def __init__(self, spark, name: str, trigger_seconds: float, run_step: Callable[[int], None],
+                 view_id: str | None = None):
+        """Start calling ``run_step(n)`` (``n`` counts the steps from 0) every ``trigger_seconds``;
+        the loop's log lines, its steps' included, name ``view_id`` (:mod:`mvsink.log_context`)."""
         if trigger_seconds <= 0:
             raise ValueError(f"trigger_seconds must be positive, not {trigger_seconds}")
         self.id = uuid.uuid4()
@@ -37,6 +42,7 @@ class StepLoop:
         self._tag = f"mvsink-loop-{self.id}"
         self._trigger = trigger_seconds
         self._run_step = run_step
+        self._view_id = view_id
         self._stopping = threading.Event()
         self._exception: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -67,6 +73,10 @@ class StepLoop:
             self._thread.join()
 
     def _run(self) -> None:
+        with about_view(self._view_id) if self._view_id is not None else contextlib.nullcontext():
+            self._steps()
+
+    def _steps(self) -> None:
         self._sc.addJobTag(self._tag)  # this thread's jobs, for a stop that cannot wait
         next_start, n = time.monotonic(), 0
         while not self._stopping.is_set():

@@ -299,8 +299,11 @@ def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None
     if not isinstance(sources, dict) or not all(isinstance(p, str) for p in sources.values()):
         raise ConfigError(f"{where}: sources must map names to table paths, not {sources!r}")
     input_spec = spec["input"]
-    if not isinstance(input_spec, dict) or input_spec.get("kind") not in ("changes", "snapshot"):
-        raise ConfigError(f"{where}: input needs kind (changes or snapshot)")
+    if not isinstance(input_spec, dict):
+        raise ConfigError(f"{where}: input must be a mapping with kind: changes or snapshot, not {input_spec!r}")
+    if input_spec.get("kind") not in ("changes", "snapshot"):
+        raise ConfigError(f"{where}: input kind {input_spec.get('kind')!r} is not one of the kinds: changes "
+                          "(a source's change feed), snapshot (a query over the sources)")
     source = input_spec.get("source")
     if source is not None and source not in sources:
         source = relative(source)

@@ -38,7 +38,8 @@ The fence (:mod:`mvsink.append.fence`) is part of the compare: a shard with a fe
 on a snapshot whose fence (a table property) is its own definition, checked on the snapshot the
 commit is based on. A promoted replica whose definition does not hold the fence first raises it,
 with a commit of its own (reason ``fence``: the property set, the txn kept where it is), then
-appends; a replica fenced out raises :class:`~mvsink.append.fence.Fenced` and commits nothing.
+appends; a replica fenced out raises :class:`~mvsink.append.fence.Fenced` and commits nothing,
+deleting its staged files first as a lost race does (unless one of its attempts landed).
 
 A compaction (:mod:`mvsink.append.compact`) commits through the same path: it keeps the txn where
 it is (`lower == upper`), so it too conflicts with every concurrent commit of the view.
@@ -64,7 +65,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from mvsink import failpoints, storage, table as delta_table
-from mvsink.append.fence import Fence, fence_property
+from mvsink.append.fence import Fence, Fenced, fence_property
 from mvsink.target.commit_info import (META_VIEW, META_REPLICA, META_LOWER, META_UPPER, META_REASON,
                                        META_REPAIRS, META_COMMIT, META_SINCE, META_DEFINITION,
                                        REASON_ADVANCE_UPPER, REASON_FENCE)
@@ -292,6 +293,12 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
                 f"{storage.describe(exc)}; "
                 f"nothing committed is lost, the staged files are kept until a read-back or cleanup "
                 f"settles them") from exc
+        except Fenced:
+            # This replica never commits again: a staged batch none of its attempts landed is
+            # no one's; delete it now, as a lost race does, rather than leave it to cleanup.
+            if batch and not _any_landed(shard, based_on, attempt_ids):
+                batch.delete()
+            raise
         except Exception as exc:
             if not storage.is_transient(exc):
                 raise
@@ -310,6 +317,14 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
     if batch:
         batch.delete()
     return AppendResult(False, current)
+
+
+def _any_landed(shard: Shard, based_on: int | None, attempt_ids: set[str]) -> bool:
+    """Whether a commit attempt of ``attempt_ids`` (based on version ``based_on``) is in the
+    table, read without holding it against the fence."""
+    if based_on is None:
+        return False
+    return shard.landed(shard.table(delta_table.latest_version(shard.target)), based_on, attempt_ids) is not None
 
 
 def holds(table: DeltaTable, files: list[tuple[str, int]]) -> bool:

@@ -95,6 +95,9 @@ class ChangesDesired(Desired):
                 f"ALTER TABLE delta.`{self.source}` SET TBLPROPERTIES (delta.enableChangeDataFeed = true)"
             )
 
+    def sources_read(self) -> list[str]:
+        return [self.name]
+
     def strategy_description(self) -> str:
         """The strategy the view's changes get, in words (shown by ``mvsink explain``)."""
         mapped = ", each row through its map_row function" if self.input.map_row is not None else ""

@@ -315,6 +315,10 @@ class SnapshotDesired(Desired):
             self._recompute_in_process(query_over_held, read_held)
         log.info("view %r: %s", view.view_id, self.strategy_description())
 
+    def sources_read(self) -> list[str]:
+        """The sources its query reads (:attr:`read`)."""
+        return list(self.read)
+
     def strategy_description(self) -> str:
         """The strategy the view's changes get and why, in words (logged at start, and shown
         by ``mvsink explain``), with when ``auto`` evaluates a maintained query in full instead."""

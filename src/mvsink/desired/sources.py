@@ -1,21 +1,27 @@
 """What every input has: the view's sources, read at the timeline's versions, and its schema.
 
 :class:`Desired` checks at start that every source is a Delta table and that the timeline is not
-behind them, and fixes the view's schema (the key columns must be among its columns). Source
+behind them, and fixes the view's schema (the key columns must be among its columns): a column
+a source gains later is not in the view, which :meth:`Desired.warn_of_new_columns` says. Source
 versions come from listing their ``_delta_log`` (:mod:`mvsink.table`), which needs no Spark job.
 """
 
 from __future__ import annotations
+
+import json
+import logging
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from mvsink.desired.changes import Changes
 from mvsink.desired.row_errors import NullKeyErrors
-from mvsink.table import latest_version, spark_uri
+from mvsink.table import latest_version, log_actions, spark_uri
 from mvsink.timeline import Timeline
 from mvsink.updates import table_schema
 from mvsink.view import ConfigError, ViewDefinition
+
+log = logging.getLogger(__name__)
 
 
 class Desired:
@@ -40,6 +46,36 @@ class Desired:
             self.schema = table_schema(self.user_schema)
         except ValueError as exc:
             raise ConfigError(f"view {view.view_id!r}: {exc}") from None
+        versions = self.schema_versions()
+        #: source read -> (the version last checked for new columns, the columns known so far).
+        self._columns_seen = {name: (versions[name], set(self.read_source(name, versions[name]).columns))
+                              for name in self.sources_read()}
+
+    def sources_read(self) -> list[str]:
+        """The sources the view's rows come from: all of them, unless the input knows better."""
+        return list(self.sources)
+
+    def warn_of_new_columns(self, versions: dict[str, int]) -> None:
+        """Log at WARNING, once per column, a column a source gained up to ``versions`` (read
+        from the commits' metadata actions, no Spark job): the view keeps the columns it started
+        with, a ``SELECT *`` too, so the new column is not in it until the view is redefined."""
+        for name, (seen, columns) in list(self._columns_seen.items()):
+            version = versions[name]
+            new: list[str] = []
+            for v in range(seen + 1, version + 1):
+                try:
+                    actions = log_actions(self.sources[name], v)
+                except FileNotFoundError:  # the log entry is cleaned up: nothing to tell from it
+                    continue
+                for action in actions:
+                    if "metaData" in action:
+                        fields = json.loads(action["metaData"]["schemaString"])["fields"]
+                        new += [f["name"] for f in fields if f["name"] not in columns and f["name"] not in new]
+            if new:
+                log.warning("view %s: source %s has new column(s) %s (version %d); the view keeps its columns "
+                            "%s (fixed when it started, SELECT * too): redefine the view to take them in",
+                            self.view.view_id, name, ", ".join(new), version, ", ".join(self.user_schema.names))
+            self._columns_seen[name] = (max(seen, version), columns | set(new))
 
     def latest_versions(self) -> dict[str, int]:
         """Every source's newest version."""

@@ -104,6 +104,8 @@ def read_config(path: str | os.PathLike) -> PipelineConfig:
         settings[name] = {k: v for k, v in {**defaults, **own}.items() if k in VIEW_SETTINGS}
     _check_targets(path, views, targets, sources, timeline)
     trigger = defaults.get("trigger_seconds")
+    if trigger is not None and (isinstance(trigger, bool) or not isinstance(trigger, (int, float)) or not trigger > 0):
+        raise PipelineError(f"{path}: defaults.trigger_seconds must be a positive number of seconds, not {trigger!r}")
     return PipelineConfig(path, sources, timeline, views, targets, settings,
                           float(trigger) if trigger is not None else None)
 

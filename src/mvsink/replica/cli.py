@@ -21,7 +21,9 @@ nothing: running views are kept as they are), sends one command and prints the a
     mvsink version TARGET --time T [--view ID]                    (the table version that holds time T)
 
 Exit codes: 0 done, 1 the replica refused or failed the command (a cutover refused for its plan's
-size included: nothing changed), or the table cannot be read as a view's; 2 bad arguments.
+size included: nothing changed), the replica is not reachable (yet), or the table cannot be read as
+a view's (``sql`` and ``version`` on a table no view wrote included); 2 bad arguments, or a view or
+pipeline ``explain`` refuses (checked before Spark starts where no Spark is needed).
 """
 
 from __future__ import annotations
@@ -199,16 +201,20 @@ def _hydration(view: dict) -> str:
 def run(args: argparse.Namespace) -> None:
     if args.command == "explain" and args.config:
         from mvsink.desired.choose import explain as explain_view
+        from mvsink.preflight import check_view
         from mvsink.spark import spark_session
         from mvsink.view import load_config
 
+        check_view(spec_from_yaml(args.config))  # before Spark starts
         print(explain_view(spark_session("mvsink-explain"), load_config(args.config)))
         return
     if args.command == "explain":
         from mvsink.pipeline import load_pipeline
         from mvsink.pipeline.explain import explain
+        from mvsink.preflight import check_pipeline
         from mvsink.spark import spark_session
 
+        check_pipeline(args.pipeline)  # before Spark starts
         spark = spark_session("mvsink-explain")
         pipeline = load_pipeline(spark, args.pipeline)
         print(pipeline.graph.mermaid() if args.mermaid else explain(spark, pipeline))
@@ -304,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         run(args)
     except (ControllerError, ConfigError) as exc:
         print(f"mvsink: {exc}", file=sys.stderr)
-        return 1
+        return 2 if args.command == "explain" and isinstance(exc, ConfigError) else 1
     return 0
 
 

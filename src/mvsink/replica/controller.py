@@ -71,7 +71,13 @@ class Controller:
     def fetch_history(self) -> CommandHistory:
         """The replica's own reduced command history."""
         call = self.channel.unary_unary(HISTORY_METHOD)
-        data = call(b"", timeout=self.timeout, wait_for_ready=True)
+        try:
+            data = call(b"", timeout=self.timeout, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            raise ControllerError(
+                f"replica {self.address} is not reachable ({exc.code().name} after {self.timeout:g}s): it is "
+                f"not running, or still starting (Spark takes a while; the job logs 'listening on' when "
+                f"ready); try again, or give a longer --timeout") from None
         return CommandHistory(decode(json.dumps(c).encode()) for c in json.loads(data))
 
     def connect(self, orphan_grace_seconds: float = 3600.0) -> "Controller":

@@ -14,17 +14,22 @@ Without ``--read-only`` the replica allows writes itself once initialized; with 
 and writes nothing until ``AllowWrites`` (from a controller, ``SIGUSR1``, or the file given with
 ``--allow-writes-file`` appearing); it never goes back. Allowing writes that way is a cutover:
 the view's first commit fences every other definition of it (:mod:`mvsink.append.fence`).
-``SIGTERM``/``SIGINT`` stop the views' queries between steps and end the job. ``SIGUSR2`` writes
-every Python thread's stack to the log (standard error) and changes nothing: what a job that
-seems stuck is doing.
+``SIGTERM``/``SIGINT`` (Ctrl-C) stop the views' queries between steps and end the job, logging
+``stopping on SIGINT`` with the views. ``SIGUSR2`` writes every Python thread's stack to the log
+(standard error) and changes nothing: what a job that seems stuck is doing.
+
+Everything that needs no Spark (:mod:`mvsink.preflight`) is checked before Spark starts: a bad
+file or flag costs no Spark start. A view whose steps fail (its source dropped a column it
+reads, ...) stops alone, logged at ERROR and shown failed in its status and metrics; the job's
+other views go on, and a stand-alone job ends (exit 1) once none runs.
 
 Under ``spark-submit`` the job (the Python driver) is a child of the spark-submit JVM and needs
 it: when that process ends, however it was stopped (``SIGTERM``, ``SIGKILL``), the job ends
 too, at once, and its protocol port with it.
 
-Exit codes: 0 stopped on request, 2 bad configuration (nothing written), 3 fenced: another
-definition of the view writes its target, this job's never will (:data:`EXIT_FENCED`), 1 any
-other failure.
+Exit codes: 0 stopped on request (``SIGTERM``, ``SIGINT``), 2 bad configuration or flags (nothing
+written), 3 fenced: another definition of the view writes its target, this job's never will
+(:data:`EXIT_FENCED`), 1 every view failed, or any other failure.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import threading
 import time
 
 from mvsink.metrics import MetricsServer
+from mvsink.preflight import check_pipeline, check_view, positive_seconds
 from mvsink.replica.protocol import (CreateDataflow, CreateInstance, CreateTimely,
                                      InitializationComplete, Schedule)
 from mvsink.replica.state import ComputeState, LogConnection
@@ -51,6 +57,7 @@ log = logging.getLogger("mvsink.replica")
 EXIT_FENCED = 3
 #: The exit code of a job under spark-submit whose spark-submit process is gone.
 EXIT_PARENT_GONE = 143
+SPARK_LOG_LEVELS = ("ALL", "TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -63,14 +70,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="start read-only: compute and keep up, write nothing until allowed")
     parser.add_argument("--replica-id", help="this replica's name in commit metadata (default host-pid)")
     parser.add_argument("--allow-writes-file", help="allow writes once this file exists (or on SIGUSR1)")
-    parser.add_argument("--trigger-seconds", type=float,
-                        help="seconds between steps (default: the pipeline's trigger_seconds, else 2)")
+    parser.add_argument("--trigger-seconds", type=positive_seconds,
+                        help="seconds between steps, > 0 (default: the pipeline's trigger_seconds, else 2)")
     parser.add_argument("--orphan-grace-seconds", type=float, default=3600.0,
                         help="age after which unreferenced staged files are deleted")
-    parser.add_argument("--log-level", default=os.environ.get("MVSINK_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", default=os.environ.get("MVSINK_LOG_LEVEL", "INFO"), type=str.upper,
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="mvsink's log level (default INFO, or $MVSINK_LOG_LEVEL)")
+    parser.add_argument("--spark-log-level", default=os.environ.get("MVSINK_SPARK_LOG_LEVEL", "WARN"),
+                        choices=SPARK_LOG_LEVELS, type=str.upper,
+                        help="Spark's log level once it runs (default WARN, or $MVSINK_SPARK_LOG_LEVEL)")
     parser.add_argument("--metrics-port", type=int,
                         help="serve Prometheus metrics at http://0.0.0.0:PORT/metrics (0: any free port)")
+    example = parser.add_argument_group(
+        "the built-in local example", "python mvsink_job.py --example [--workdir DIR] [--versions N] "
+        "[--setup | --change | --check REPLICA] (README: Two commands, and the cutover by hand)")
+    example.add_argument("--example", action="store_true",
+                         help="run the example: sources, two replicas, damage, a blue/green cutover, a check")
+    example.add_argument("--workdir", help="the example's folder (default work-local/example)")
+    example.add_argument("--versions", help="source versions the example makes (default 24)")
+    example.add_argument("--setup", action="store_true",
+                         help="only create the example's sources and view definitions in --workdir")
+    example.add_argument("--change", action="store_true", help="only make --versions changes to the sources")
+    example.add_argument("--check", metavar="REPLICA",
+                         help="only check the example's targets (from REPLICA's first commit: view_v2.yaml)")
     args = parser.parse_args(argv)
+    if any(getattr(args, a) for a in ("workdir", "versions", "setup", "change", "check")):
+        parser.error("--workdir, --versions, --setup, --change and --check go with --example")
     if args.config and args.pipeline:
         parser.error("give --config or --pipeline, not both")
     if not args.config and not args.pipeline and not args.listen:
@@ -79,14 +105,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    if "--example" in argv:
+        from mvsink.example import main as example_main
+
+        return example_main([a for a in argv if a != "--example"])
+    args = parse_args(argv)
+    configure_logging(args.log_level)
     stop = threading.Event()
+    stopped_by: list[str] = []
     allow_writes = threading.Event()
+
+    def on_stop(signum, _frame) -> None:
+        stopped_by.append(signal.Signals(signum).name)
+        stop.set()
+
     signal.signal(signal.SIGUSR1, lambda *_: allow_writes.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
     faulthandler.register(signal.SIGUSR2, all_threads=True)
 
     _end_with_spark_submit()
@@ -95,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.config:
             spec = spec_from_yaml(args.config)
+            check_view(spec)
+        if args.pipeline:
+            check_pipeline(args.pipeline)
         if args.metrics_port is not None:
             metrics = MetricsServer(args.metrics_port)  # bound now: a port in use stops us before Spark
     except ConfigError as exc:
@@ -106,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     # which is not safe in a process whose other threads hold locks. CreateTimely adopts it.
     from mvsink.spark import spark_session
 
+    if stop.is_set():
+        return _stopped(stopped_by, [])
     spark = spark_session(f"mvsink-{replica_id}")
+    spark.sparkContext.setLogLevel(args.spark_log_level)
+    signal.signal(signal.SIGINT, on_stop)  # Spark's context replaced it with one raising KeyboardInterrupt
     trigger_seconds = args.trigger_seconds
     views = [shared_spec(spec)] if spec is not None else []
     if args.pipeline:
@@ -145,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
     log.info("replica %s running%s", replica_id, f", listening on {args.listen}" if args.listen else "")
     exit_code = 0
+    reported: set[str] = set()
     while not stop.is_set():
         if args.allow_writes_file and os.path.exists(args.allow_writes_file):
             allow_writes.set()
@@ -156,11 +200,18 @@ def main(argv: list[str] | None = None) -> int:
             exit_code = EXIT_FENCED
             break
         failures = state.failures()
-        if failures and not args.listen:
-            log.error("a view's steps failed: %s", failures)
+        for view_id in sorted(set(failures) - reported):
+            running = [v for v in state.views if v not in failures]
+            log.error("view %s failed and stopped: %s%s", view_id, failures[view_id],
+                      f"; views {', '.join(sorted(running))} go on" if running else "")
+            reported.add(view_id)
+        if failures and not args.listen and set(failures) >= set(state.views):
+            log.error("every view failed: exiting with code 1")
             exit_code = 1
             break
         time.sleep(0.2)
+    if stop.is_set():
+        _stopped(stopped_by, sorted(state.views))
     if server is not None:
         server.stop(grace=2)
     if metrics is not None:
@@ -172,6 +223,22 @@ def main(argv: list[str] | None = None) -> int:
                     str(exc).splitlines()[0][:200])
     log.info("replica %s stopped", replica_id)
     return exit_code
+
+
+def configure_logging(level: str) -> None:
+    """The job's log on standard error; a line about one view's step names it (:mod:`mvsink.log_context`)."""
+    from mvsink.log_context import ViewFilter
+
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(view)s%(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(ViewFilter())
+
+
+def _stopped(stopped_by: list[str], views: list[str]) -> int:
+    """Log why the job stops (a signal), and the views it stops; the exit code of a stop on request."""
+    log.info("stopping on %s%s", stopped_by[0] if stopped_by else "request",
+             f": views {', '.join(views)} stop between steps" if views else "")
+    return 0
 
 
 def _end_with_spark_submit() -> None:

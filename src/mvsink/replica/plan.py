@@ -20,6 +20,7 @@ from typing import Callable
 
 from pyspark.sql import functions as F
 
+from mvsink.log_context import about_view
 from mvsink.replica.peek import PeekError, collect_arrow
 from mvsink.replica.protocol import PEEK_ERROR, PEEK_ROWS, Plan, PlanResponse, arrow_text
 from mvsink.sink import MaterializedView, NotCaughtUp
@@ -30,8 +31,11 @@ log = logging.getLogger(__name__)
 
 def answer_plan(mv: MaterializedView, plan: Plan, send: Callable[[PlanResponse], None]) -> None:
     """Compute ``plan`` in a thread of its own and ``send`` its one answer."""
-    threading.Thread(target=lambda: send(run_plan(mv, plan)), name=f"mvsink-plan-{plan.uuid}",
-                     daemon=True).start()
+    def answer() -> None:
+        with about_view(mv.view.view_id):
+            send(run_plan(mv, plan))
+
+    threading.Thread(target=answer, name=f"mvsink-plan-{plan.uuid}", daemon=True).start()
 
 
 def run_plan(mv: MaterializedView, plan: Plan) -> PlanResponse:

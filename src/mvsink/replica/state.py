@@ -45,6 +45,7 @@ from mvsink.replica.protocol import (AllowCompaction, AllowWrites, CancelPeek, C
 from mvsink.replica.plan import answer_plan
 from mvsink.replica.running import RunningView
 from mvsink.append.fence import Fenced
+from mvsink.log_context import about_view
 from mvsink.sink import MaterializedView
 from mvsink.view import ConfigError, view_from_spec
 
@@ -299,7 +300,8 @@ class ComputeState:
         self.read_only, self._cutover = False, cutover
         for running in self.views.values():
             try:
-                running.view.allow_writes(cutover=cutover)
+                with about_view(running.view_id):
+                    running.view.allow_writes(cutover=cutover)
             except Fenced as exc:
                 self._send(Error("AllowWrites", f"fenced: {exc}"))
         log.info("writes allowed: read-write computation%s", " (a cutover)" if cutover else "")
@@ -318,11 +320,12 @@ class ComputeState:
             raise ProtocolError(f"CreateDataflow: view {view_id!r} exists; drop it first "
                                 "(AllowCompaction to the empty frontier)")
         try:
-            definition = view_from_spec(command.view, read_only=True, replica_id=self.replica_id)
-            view = MaterializedView(self.spark, definition,
-                                    orphan_grace_seconds=self.instance.orphan_grace_seconds)
-            if not self.read_only:  # writable as the replica is: by a cutover, or as a writer
-                view.allow_writes(cutover=self._cutover)
+            with about_view(view_id):
+                definition = view_from_spec(command.view, read_only=True, replica_id=self.replica_id)
+                view = MaterializedView(self.spark, definition,
+                                        orphan_grace_seconds=self.instance.orphan_grace_seconds)
+                if not self.read_only:  # writable as the replica is: by a cutover, or as a writer
+                    view.allow_writes(cutover=self._cutover)
         except Fenced as exc:
             raise ProtocolError(f"fenced: {exc}") from None
         except ConfigError as exc:

@@ -222,11 +222,13 @@ def view_errors(spark: SparkSession, target: str, time: int, view_id: str | None
 
 
 def newest_view(target: str) -> str:
-    """The view whose commit is the table's newest mvsink commit."""
+    """The view whose commit is the table's newest mvsink commit (:class:`NotReadable`: none)."""
+    if latest_version(target) is None:
+        raise NotReadable(f"{target} is not a Delta table")
     for info in newest_first(_shard(target, "reader").table()):
         if info.get(META_VIEW):
             return info[META_VIEW]
-    raise NotReadable(f"{target} has no mvsink commit")
+    raise NotReadable(f"{target} has no mvsink commit: no view wrote this table")
 
 
 def register_temp_view(spark: SparkSession, target: str, view_id: str, name: str | None = None,
@@ -259,8 +261,7 @@ def plain_sql(target: str, time: int | None = None, dialect: str = "duckdb", tab
         raise ValueError(f"dialect must be one of {sorted(_DIALECTS)}, not {dialect!r}")
     if dialect == "trino" and not table:
         raise ValueError("the trino dialect needs table: the target's name in the Trino catalog")
-    if latest_version(target) is None:
-        raise ValueError(f"{target} is not a Delta table")
+    newest_view(target)  # a view's table, or NotReadable (a ValueError) saying why not
     source, repeat = _DIALECTS[dialect]
     if layout_of(target) == TABLE:
         if time is not None:
