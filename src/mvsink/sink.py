@@ -77,6 +77,7 @@ from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
 from mvsink.table import latest_version
 from mvsink.target.create import create_target, validate_target
+from mvsink.target.ownership import check_target_owned
 from mvsink.timeline import (REASON_REPAIR_TIME, REASON_SOURCES, Timeline, TimeWentBackwards)
 from mvsink.updates import RESERVED, TIME, advance_times, consolidate, negate
 from mvsink.view import ConfigError, ViewDefinition
@@ -167,6 +168,7 @@ class MaterializedView:
         self.orphan_grace_seconds = orphan_grace_seconds
         self.shard = Shard(view.target, view.app_id, view.view_id, view.replica_id)
         table_upper = self._table_upper()
+        check_target_owned(view)
         self.timeline = Timeline(view.timeline, view.sources, view.replica_id)
         self.timeline.refresh()
         self.desired = desired_for(spark, view, self.timeline)
