@@ -141,3 +141,43 @@ def test_a_pipeline_view_adopts_with_its_setting(spark, tmp_path):
     specs = {s["view_id"]: s for s in load_pipeline(spark, folder).view_specs()}
     assert specs["taken"]["adopt"] is True and "adopt" not in specs["kept"]
 
+
+def test_a_copy_of_a_pipeline_folder_with_relative_paths_cuts_over(spark, tmp_path):
+    """``pipe2/`` copied from ``pipe/`` spells its sources ``.../pipe2/../data/orders``: the same
+    tables as the timeline's ``.../pipe/../data/orders``, so its replicas start read-only on the
+    timeline and, promoted, take the views over (the old writers fenced)."""
+    import shutil
+
+    from mvsink.append.fence import Fenced
+    from mvsink.pipeline import load_pipeline
+    from mvsink.view import view_from_spec
+
+    data = tmp_path / "data"
+    data.mkdir()
+    src = str(data / "orders")
+    create_source(spark, src, [(1, "a"), (2, "b")])
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    (pipe / "views.sql").write_text("CREATE MATERIALIZED VIEW orders_by_id KEY (id) AS SELECT id, v FROM orders;\n")
+    write_config(pipe / "pipeline.yaml", sources={"orders": "../data/orders"}, targets="../out")
+
+    def views(folder, read_only: bool, replica: str) -> list[MaterializedView]:
+        return [MaterializedView(spark, view_from_spec(spec, read_only=read_only, replica_id=replica))
+                for spec in load_pipeline(spark, folder).view_specs()]
+
+    blue = views(pipe, False, "blue")
+    for view in blue:
+        view.run_until_caught_up()
+    shutil.copytree(pipe, tmp_path / "pipe2")
+    green = views(tmp_path / "pipe2", True, "green")  # refused before: "timeline ... is for sources"
+    assert [v.view.sources["orders"] for v in green] == [str(tmp_path / "pipe2" / "../data/orders")]
+    for view in green:
+        view.step()
+        view.allow_writes(cutover=True)
+    insert(spark, src, [(3, "c")])
+    for view in green:
+        view.run_until_caught_up()
+    target = green[0].view.target
+    assert sorted(tuple(r) for r in read_view(spark, target, "orders_by_id").collect()) == [(1, "a"), (2, "b"), (3, "c")]
+    with pytest.raises(Fenced):
+        blue[0].step()

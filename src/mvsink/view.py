@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import posixpath
 import re
 import socket
 import sys
@@ -199,6 +200,22 @@ def normalize_path(path: str) -> str:
     if "://" in path:
         return path.rstrip("/")
     return str(Path(path).expanduser().absolute())
+
+
+def location(path: str) -> str:
+    """Where ``path`` points, for telling whether two spellings name one table (a timeline's
+    sources against a view's): a local path (or ``file://`` URI) resolved to an absolute path
+    without ``..`` or symlinks; an ``s3://``/``s3a://`` URI as ``s3://bucket/key``, its key's
+    ``.``, ``..`` and repeated ``/`` removed. Definitions keep their paths as written."""
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    if "://" not in path:
+        return os.path.realpath(os.path.expanduser(path))
+    scheme, rest = path.split("://", 1)
+    scheme = "s3" if scheme.lower() in ("s3", "s3a") else scheme.lower()
+    bucket, _, key = rest.partition("/")
+    key = posixpath.normpath("/" + key).lstrip("/") if key else ""
+    return f"{scheme}://{bucket}/{key}".rstrip("/")
 
 
 def resolve_function(spec: str, base_dir: Path | None = None) -> Callable:
