@@ -642,7 +642,8 @@ def query_results_at_every_time(spark, src: str | dict[str, str], sql: str, view
     sources by name) at the versions of every time below ``upper`` on ``timeline``, evaluated here
     by Spark over the Delta tables as of those versions. With ``key``: its ok rows are the
     result's rows whose key has no null, and its errors one per such row with a null and one per
-    key with several rows (computed here in SQL over the result, not by mvsink's code)."""
+    key with several rows (computed here in SQL over the result, not by mvsink's code); a key
+    with several rows has none of them among the ok rows (they are withheld while it does)."""
     from collections import Counter
 
     from mvsink import read_view, view_errors
@@ -668,7 +669,7 @@ def query_results_at_every_time(spark, src: str | dict[str, str], sql: str, view
                           .select(F.concat(F.lit("duplicate key "), F.to_json(F.struct(*key)), F.lit(": "),
                                            F.col("count").cast("string"), F.lit(" rows"))))
             expected_errors = Counter(r[0] for r in nulls.union(duplicates).collect())
-            rows = [row for row in rows if None not in (row[i] for i in at_key)]
+            rows = [row for row in rows if keys[key_of := tuple(row[i] for i in at_key)] == 1 and None not in key_of]
         expected = Counter(rows)
         for view_id, target in views.items():
             got = Counter(tuple(r) for r in read_view(spark, target, view_id, at, errors="ignore" if key else "raise")

@@ -87,3 +87,51 @@ def test_blue_green_cutover_to_a_changed_definition(spark, tmp_path):
     finally:
         for replica in (blue, green):
             replica.kill(signal.SIGTERM)
+
+
+def test_a_replica_running_several_views_is_cut_over_whole(spark, tmp_path):
+    """Allowing a replica to write promotes every view it runs: ``mvsink cutover VIEW`` is refused
+    (exit 1, nothing changed) where the new replica runs other views, which blue would keep
+    writing; ``--all`` cuts them all over and names each."""
+    src = str(tmp_path / "src")
+    create_source(spark, src, [(1, "a"), (2, "b")])
+    configs = {view: write_config(tmp_path / f"{view}.yaml", view_id=view, target=str(tmp_path / view), key=["id"],
+                                  input={"kind": "changes", "source": src}) for view in ("shop", "till")}
+    blue = Replica(None, "blue", tmp_path, listen=True).start()
+    green = Replica(None, "green", tmp_path, "--read-only", listen=True).start()
+    try:
+        for replica in (blue, green):
+            for config in configs.values():
+                mvsink("--replica", replica.address, "create", "--config", str(config))
+        with Controller(green.address, timeout=300) as ctl:
+            ctl.connect()
+            for view in configs:
+                wait_for(lambda: caught_up(str(tmp_path / view), view), timeout=300, what=f"blue to write {view}",
+                         watch=(blue, green))
+                ctl.wait_frontier(view, view_upper_of(str(tmp_path / view), view))
+
+        refused = subprocess.run([sys.executable, "-m", "mvsink.replica.cli", "cutover", "shop", "--old",
+                                  blue.address, "--new", green.address], capture_output=True, text=True,
+                                 timeout=600, cwd=ROOT)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "also runs views ['till']" in refused.stderr and "--all" in refused.stderr, refused.stderr
+        assert "replica green: read-only" in mvsink("--replica", green.address, "status"), "nothing changed"
+        assert all(f"view {v}:" in mvsink("--replica", blue.address, "status") for v in configs)
+
+        out = mvsink("cutover", "--all", "--old", blue.address, "--new", green.address)
+        assert "cutover of 2 views shop, till:" in out and f"{blue.address} has dropped them" in out, out
+        insert(spark, src, [(3, "c")])
+        with Controller(green.address, timeout=300) as ctl:
+            ctl.connect()
+            assert not ctl.status().read_only
+            for view in configs:
+                wait_for(lambda: caught_up(str(tmp_path / view), view), timeout=300, what=f"green to write {view}",
+                         watch=(green,))
+        assert "no views" in mvsink("--replica", blue.address, "status")
+        for view in configs:
+            writers = [h["mvsink.replica"] for h in reversed(log_history(str(tmp_path / view)))
+                       if h.get("mvsink.view") == view]
+            assert writers[-1] == "green" and "blue" not in writers[writers.index("green"):], writers
+    finally:
+        for replica in (blue, green):
+            replica.kill(signal.SIGTERM)

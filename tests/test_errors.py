@@ -61,8 +61,10 @@ def test_bad_rows_become_error_updates_and_retract_when_fixed(spark, tmp_path, m
     assert any("99999999999" in e for e in errors)
     with pytest.raises(ViewInError, match="in error at time"):
         read_view(spark, tgt, "amounts")
+    # Key 1's two rows are withheld while it has two (before: both in the view's rows).
     ok_rows = {tuple(r) for r in read_view(spark, tgt, "amounts", errors="ignore").collect()}
-    assert ok_rows == {(1, 10, "#1"), (1, 11, "#1"), (2, 20, "#2")}
+    assert ok_rows == {(2, 20, "#2")}
+    assert {tuple(r) for r in spark.read.format("delta").load(tgt).collect()} == ok_rows
     # Each error appeared at the time of the commit that caused it, not before.
     assert len(_errors(spark, tgt, t - 1)) == 3 and len(_errors(spark, tgt, t - 3)) == 1
 
@@ -160,3 +162,58 @@ def test_a_not_null_key_is_not_checked_and_a_nullable_one_is(spark, tmp_path):
                                                                "_mv_time BIGINT, _mv_diff BIGINT")
     (row,) = NullKeyErrors(("id",))(nullable).collect()
     assert row.id is None and row._mv_error.startswith("null in key column(s) ['id']")
+
+
+@pytest.mark.parametrize("layout", ["table", "updates"])
+def test_a_violated_key_is_never_two_rows_for_a_plain_reader(spark, tmp_path, caplog, layout):
+    """While a key has two rows, readers of the view's rows (Spark, DuckDB, delta-rs on the
+    table; plain_sql on the update layout) see neither, mvsink's status and view_errors show the
+    error, and a WARNING names the view, the key and the time; an update in place of a withheld
+    row stays withheld; when the key has one row again it is back, exactly."""
+    import logging
+
+    from helpers import duckdb_with_delta
+    from mvsink.target.read import plain_sql
+    from mvsink.target.status import table_status
+
+    src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
+    create_source(spark, src, [(1, "a"), (2, "b")])
+    mv = MaterializedView(spark, ViewDefinition("keyed", tgt, ChangesInput(src), key=("id",), replica_id="r1",
+                                                layout=layout))
+    mv.run_until_caught_up()
+
+    def plainly() -> list[set]:
+        if layout == "updates":
+            return [{tuple(r) for r in spark.sql(plain_sql(tgt, dialect="spark")).collect()}]
+        duck = duckdb_with_delta()
+        return [{tuple(r) for r in spark.read.format("delta").load(tgt).collect()},
+                {tuple(r) for r in duck.execute(f"SELECT * FROM delta_scan('{tgt}')").fetchall()},
+                set(zip(*DeltaTable(tgt).to_pyarrow_table().select(["id", "v"]).to_pydict().values()))]
+
+    assert plainly()[0] == {(1, "a"), (2, "b")}
+    with caplog.at_level(logging.WARNING, logger="mvsink.sink"):
+        insert(spark, src, [(1, "c")])
+        report = mv.run_until_caught_up()
+    t = report.upper - 1
+    assert all(rows == {(2, "b")} for rows in plainly()), plainly()
+    assert _errors(spark, tgt, t) == ['duplicate key {"id":1}: 2 rows']
+    if layout == "table":
+        status = table_status(tgt, "keyed")
+        assert status["errors"] == 1 and status["error_messages"] == ['duplicate key {"id":1}: 2 rows'], status
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "withheld" in r.getMessage()]
+    assert any(m.startswith('view keyed: duplicate key {"id":1}: 2 rows at time ') and f"time {t}:" in m
+               for m in warned), warned
+
+    spark.sql(f"UPDATE delta.`{src}` SET v = 'a2' WHERE v = 'a'")  # in place: no key's count changes
+    mv.run_until_caught_up()
+    assert all(rows == {(2, "b")} for rows in plainly()), plainly()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mvsink.sink"):
+        spark.sql(f"DELETE FROM delta.`{src}` WHERE v = 'c'")
+        report = mv.run_until_caught_up()
+    assert all(rows == {(1, "a2"), (2, "b")} for rows in plainly()), plainly()
+    assert _errors(spark, tgt, report.upper - 1) == []
+    assert {tuple(r) for r in read_view(spark, tgt, "keyed").collect()} == {(1, "a2"), (2, "b")}
+    assert any('duplicate key {"id":1} ended at time' in r.getMessage() for r in caplog.records)
+    # The time of the violation still reads as it was (no rows of key 1, the error).
+    assert _errors(spark, tgt, t) == ['duplicate key {"id":1}: 2 rows']

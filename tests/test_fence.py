@@ -3,6 +3,8 @@ processes; the fence inside the compare-and-append of :mod:`mvsink.append`, on d
 
 from __future__ import annotations
 
+import logging
+
 import subprocess
 import sys
 import textwrap
@@ -202,3 +204,16 @@ def test_a_writer_that_loses_to_the_fence_deletes_its_staged_file(blue_table, mo
         compare_and_append(blue, Description(1, 2), later, "correction")
     assert not (Path(target) / later.files[0].path).exists()
     assert [c[0] for c in _commits(target)] == ["b1", "g1"]
+
+
+def test_the_fence_log_line_names_the_definition_it_replaced(blue_table, caplog):
+    """``raised the fence ... (was X)``: X is the definition that held the fence before (read
+    before the commit changes the snapshot), not the new one."""
+    target = blue_table
+    green = _shard(target, "green", "g1", read_only=True)
+    green.fence.allow_writes(DeltaTable(target), cutover=True)
+    with caplog.at_level(logging.WARNING, logger="mvsink.append"):
+        green.raise_fence(green.table(), 1)
+    raised = [r.getMessage() for r in caplog.records if "raised the fence" in r.getMessage()]
+    assert len(raised) == 1 and raised[0].endswith("(was blue)"), raised
+    assert "definition green raised" in raised[0], raised

@@ -4,6 +4,7 @@ backwards, and a foreign commit carrying the view's appId is reported, not built
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -71,11 +72,12 @@ def test_a_target_with_a_feature_the_commit_path_cannot_take_is_refused_at_start
 
 def test_a_plain_delta_spark_target_with_the_change_data_feed_is_taken(spark, tmp_path):
     """The guard does not refuse what is safe: a delta-spark table with CDF on (writer features
-    changeDataFeed, appendOnly, invariants) is written and read as usual."""
+    changeDataFeed, appendOnly, invariants) is written and read as usual, once adopted (a table
+    mvsink did not make is refused without it: test_first_hour_safety.py)."""
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     create_source(spark, src, [(1, "a"), (2, "b")])
     _spark_target(spark, tgt, "TBLPROPERTIES (delta.enableChangeDataFeed = true)")
-    mv = MaterializedView(spark, _view(src, tgt))
+    mv = MaterializedView(spark, dataclasses.replace(_view(src, tgt), adopt=True))
     mv.run_until_caught_up()
     assert {tuple(r) for r in read_view(spark, tgt, "guarded").collect()} == {(1, "a"), (2, "b")}
 

@@ -208,7 +208,8 @@ def test_a_hydration_checks_its_keys_on_the_files_it_stages(spark, tmp_path, lay
     committed = set(DeltaTable(tgt).get_add_actions(flatten=True).column("path").to_pylist())
     assert {f for f in os.listdir(tgt) if f.endswith(".parquet")} == committed
     rows = Counter(tuple(r) for r in read_view(spark, tgt, "keyed", errors="ignore").collect())
-    assert rows == Counter((i, f"v{i}") for i in ids)
+    repeated = {i for i in ids if ids.count(i) > 1}  # a repeated key's rows are withheld
+    assert rows == Counter((i, f"v{i}") for i in ids if i not in repeated)
     assert _errors(spark, tgt, "keyed") == (['duplicate key {"id":7}: 2 rows'] if layout == "a key repeated" else [])
 
 
@@ -233,5 +234,5 @@ def test_a_hydration_whose_staging_fails_hydrates_again(spark, tmp_path, monkeyp
     mv.run_until_caught_up()
     assert mv.hydrations == 2
     rows = Counter(tuple(r) for r in read_view(spark, tgt, "again", errors="ignore").collect())
-    assert rows == Counter([(1, "a"), (2, "b"), (2, "c")])
+    assert rows == Counter([(1, "a")])  # key 2's two rows withheld
     assert _errors(spark, tgt, "again") == ['duplicate key {"id":2}: 2 rows']

@@ -231,15 +231,15 @@ def _create_view(blue: "ExampleReplica", green: "ExampleReplica", config: Path) 
 
 
 def _cutover(blue: ExampleReplica, green: ExampleReplica) -> None:
-    """Through the replica protocol, view by view: wait for green to catch up, drop the view at
-    blue, let green write; then stop blue."""
-    from mvsink.replica.controller import Controller, cutover
+    """Through the replica protocol, both views at once (allowing green to write promotes every
+    view it runs): wait for green to catch up, drop the views at blue, let green write; then stop
+    blue."""
+    from mvsink.replica.controller import Controller, cutover, views_to_cut_over
 
     with Controller(blue.address, timeout=600) as old, Controller(green.address, timeout=600) as new:
         old.connect()
         new.connect()
-        for view_id in (VIEW_ID, JOIN_ID):
-            frontier = cutover(old, new, view_id)
+        for view_id, frontier in cutover(old, new, views_to_cut_over(old, new, None)).items():
             log.info("cutover: green writes %s from frontier %d", view_id, frontier)
     log.info("cutover done; stopping blue")
     blue.stop()

@@ -69,7 +69,7 @@ from mvsink.desired.changes import Changes
 from mvsink.desired.choose import desired_for
 from mvsink.desired.hydration import Hydration
 from mvsink.desired.refresh import Fallback
-from mvsink.desired.key_check import KeyErrors, KeyRanges, unique_keys, unique_keys_by_shuffle
+from mvsink.desired.key_check import DUPLICATE_KEY, KeyErrors, KeyRanges, unique_keys, unique_keys_by_shuffle
 from mvsink.target.layout import META_ERRORS, TABLE
 from mvsink.metrics import ViewMetrics
 from mvsink.step_loop import StepLoop
@@ -77,8 +77,9 @@ from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
 from mvsink.table import latest_version
 from mvsink.target.create import create_target, validate_target
+from mvsink.target.ownership import check_target_owned
 from mvsink.timeline import (REASON_REPAIR_TIME, REASON_SOURCES, Timeline, TimeWentBackwards)
-from mvsink.updates import RESERVED, TIME, advance_times, consolidate, negate
+from mvsink.updates import DIFF, ERROR, HELD, RESERVED, TIME, advance_times, consolidate, negate
 from mvsink.view import ConfigError, ViewDefinition
 from mvsink.write import ERRORS_DIR, StagedBatch, batch_updates, stage
 from mvsink.write.plain import stage_plain
@@ -88,6 +89,8 @@ log = logging.getLogger(__name__)
 
 #: Look for orphaned staged files every this many steps (and at the first writable step).
 _CLEANUP_EVERY = 50
+#: The most key violations started (and ended) one key check logs.
+_LOGGED_VIOLATIONS = 20
 
 __all__ = ["MaterializedView", "NotCaughtUp", "StepReport", "TimeWentBackwards"]
 
@@ -176,6 +179,7 @@ class MaterializedView:
         self.orphan_grace_seconds = orphan_grace_seconds
         self.shard = Shard(view.target, view.app_id, view.view_id, view.replica_id)
         table_upper = self._table_upper()
+        check_target_owned(view)
         self.timeline = Timeline(view.timeline, view.sources, view.replica_id)
         self.timeline.refresh()
         self.desired = desired_for(spark, view, self.timeline)
@@ -210,6 +214,8 @@ class MaterializedView:
         self.hydration = Hydration(spark, view.view_id)
         #: The buffer holds a hydration's snapshot whose keys are not checked yet (:meth:`_hold_unchecked`).
         self._keys_unchecked = False
+        #: Rows may be withheld for a key violation (:meth:`_check_keys`): every change is checked.
+        self._withholding = False
         self._steps = 0
         log.info("view %s (replica %s) on %s (%s layout): %s over %s, key %s, as_of %d, timeline %s",
                  view.view_id, view.replica_id, view.target, self.layout, type(view.input).__name__,
@@ -556,20 +562,62 @@ class MaterializedView:
         table's files as the read-back last saw them.
 
         Whether any count changed came with the changes (:attr:`Changes.key_counts_change`): in
-        the common case, updates in place, it did not, and this runs no Spark job.
+        the common case, updates in place, it did not, and this runs no Spark job. While rows are
+        withheld for a violated key (:mod:`~mvsink.desired.key_check`) every change is checked:
+        an update in place of a withheld row must stay withheld.
         """
         touched, files = None, None
         if desired is not None:
-            if not desired.key_counts_change:
+            if not desired.key_counts_change and not self._withholding:
                 return
-            touched = desired.touched, desired.size  # at most as many keys as updates
-            files = self._files_holding(desired.touched_ranges)
+            # At most as many keys as updates. While rows are withheld, every key updated: an
+            # update in place of a withheld row counts no key, and is checked all the same.
+            keys = desired.updates.select(*self.view.key) if self._withholding else desired.touched
+            touched = keys, desired.size
+            # A withheld row is in an error file (read whatever the ranges), and a key updated in
+            # place has all its rows there if it is violated; if not, its rows need not be read.
+            files = (self._files_holding(desired.touched_ranges) if desired.key_counts_change
+                     else self._error_files())
         fix = self._key_errors.corrections(self.readback.contents(files), self.correction.updates, touched, since)
-        # Materialized apart (small: errors only), so that a view without violations, the common
-        # case, does not fold and re-checkpoint the whole buffer for nothing.
+        # Materialized apart (small: errors and violated keys' rows only), so that a view without
+        # violations, the common case, does not fold and re-checkpoint the whole buffer for nothing.
         fix, size = checkpointed(fix)
         if size:
             self.correction.apply([fix], since)
+            self._log_violations(fix)
+        if size or desired is None:
+            self._withholding = self._withholds()
+
+    def _error_files(self) -> set[str] | None:
+        """The table layout's error files as last read back (None in the update layout: all files)."""
+        if self.layout != TABLE:
+            return None
+        return {p for p in self.readback.files if p.startswith(ERRORS_DIR + "/")}
+
+    def _withholds(self) -> bool:
+        """Whether the table as read back and the buffer withhold a row (one Spark job, run where
+        a key check changed something, and after a hydration): only the table layout's error
+        files can hold one."""
+        errors = self._error_files()
+        persisted = self.readback.contents(errors) if errors is None or errors else None
+        updates = self.correction.updates if persisted is None else persisted.unionByName(self.correction.updates)
+        held = updates.where(F.col(ERROR) == F.lit(HELD)).drop(TIME)
+        return bool(held.groupBy(*[c for c in held.columns if c != DIFF]).agg(F.sum(DIFF).alias(DIFF))
+                    .where(F.col(DIFF) > 0).limit(1).count())
+
+    def _log_violations(self, fix: DataFrame) -> None:
+        """Log, at WARNING, each key violation a key check's ``fix`` (materialized) starts or ends."""
+        changes = (fix.where(F.col(ERROR).startswith(DUPLICATE_KEY)).select(ERROR, TIME, DIFF)
+                   .orderBy(TIME, ERROR).limit(_LOGGED_VIOLATIONS * 2).collect())
+        started = {(t, _key_of(e)): e for e, t, d in changes if d > 0}
+        ended = sorted({(t, _key_of(e)) for e, t, d in changes if d < 0} - set(started))
+        for (time_, _), message in sorted(started.items())[:_LOGGED_VIOLATIONS]:
+            log.warning("view %s: %s at time %d: the key's rows are withheld from the view's rows (readers see "
+                        "none of them) until it has one; mvsink status and view_errors show it",
+                        self.view.view_id, message, time_)
+        for time_, key in ended[:_LOGGED_VIOLATIONS]:
+            log.warning("view %s: duplicate key %s ended at time %d: its row is back in the view's rows",
+                        self.view.view_id, key, time_)
 
     def _files_holding(self, cut: tuple[list[tuple], bool] | None) -> set[str] | None:
         """The files the read-back saw that can hold rows whose first key column lies in ``cut``
@@ -726,6 +774,11 @@ class MaterializedView:
         and let no further step start. A step still running after ``timeout_seconds`` has its Spark
         jobs cancelled: a step stopped anywhere loses nothing (see :meth:`step`)."""
         loop.stop(timeout_seconds)
+
+
+def _key_of(message: str) -> str:
+    """The key (JSON) a ``duplicate key {...}: n rows`` error names."""
+    return message[len(DUPLICATE_KEY):message.rindex(": ")]
 
 
 def _commit_updates(desc: Description, corrections: DataFrame, corrections_since: int,

@@ -16,7 +16,7 @@ diff +1 (the row is simply present), so that mvsink corrects them like any other
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -26,6 +26,14 @@ TIME = "_mv_time"
 DIFF = "_mv_diff"
 ERROR = "_mv_error"
 RESERVED = (ERROR, TIME, DIFF)
+#: The ``_mv_error`` of a row withheld from the view's rows while its key has more than one
+#: (:mod:`mvsink.desired.key_check`): stored with the errors, its columns all set; not an error.
+HELD = "withheld: its key has more than one row"
+
+
+def is_error() -> Column:
+    """Whether an update is an error update (not a row, nor a row withheld: :data:`HELD`)."""
+    return F.col(ERROR).isNotNull() & (F.col(ERROR) != F.lit(HELD))
 
 #: The largest time: an upper at CLOSED means the view will never change again.
 CLOSED = 2**63 - 1

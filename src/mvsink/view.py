@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import posixpath
 import re
 import socket
 import sys
@@ -142,6 +143,9 @@ class ViewDefinition:
     #: The target's layout (:mod:`mvsink.target.layout`): ``table`` or ``updates``; None: the existing
     #: target's, ``table`` for a new one.
     layout: str | None = None
+    #: Take over an existing Delta target this view did not write (its rows not in the view are
+    #: retracted); without it such a target is refused (:mod:`mvsink.target.ownership`).
+    adopt: bool = False
 
     def __post_init__(self):
         if not self.view_id or any(c in self.view_id for c in "/\\ "):
@@ -198,6 +202,22 @@ def normalize_path(path: str) -> str:
     return str(Path(path).expanduser().absolute())
 
 
+def location(path: str) -> str:
+    """Where ``path`` points, for telling whether two spellings name one table (a timeline's
+    sources against a view's): a local path (or ``file://`` URI) resolved to an absolute path
+    without ``..`` or symlinks; an ``s3://``/``s3a://`` URI as ``s3://bucket/key``, its key's
+    ``.``, ``..`` and repeated ``/`` removed. Definitions keep their paths as written."""
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    if "://" not in path:
+        return os.path.realpath(os.path.expanduser(path))
+    scheme, rest = path.split("://", 1)
+    scheme = "s3" if scheme.lower() in ("s3", "s3a") else scheme.lower()
+    bucket, _, key = rest.partition("/")
+    key = posixpath.normpath("/" + key).lstrip("/") if key else ""
+    return f"{scheme}://{bucket}/{key}".rstrip("/")
+
+
 def resolve_function(spec: str, base_dir: Path | None = None) -> Callable:
     """``package.module:function`` (or ``path/to/file.py:function``) to the function."""
     if ":" not in spec:
@@ -236,14 +256,14 @@ def load_config(path: str | os.PathLike, *, read_only: bool | None = None,
 
 
 _SETTINGS = {"view_id", "target", "key", "as_of", "input", "read_only", "replica_id", "sources",
-             "timeline", "retain_history", "layout"}
+             "timeline", "retain_history", "layout", "adopt"}
 
 
 def spec_from_yaml(path: str | os.PathLike) -> dict:
     """The view specification in a YAML file, relative paths made absolute (``base_dir``).
 
     A specification is plain data (it travels in ``CreateDataflow``): view_id, target, key, as_of,
-    sources (name: path), timeline (a path), retain_history, layout, input (kind, source, map_row, output_schema, query or
+    sources (name: path), timeline (a path), retain_history, layout, adopt, input (kind, source, map_row, output_schema, query or
     sql, and views: a list of {name, query or sql}; functions as ``module:function``), and
     ``base_dir``, the directory functions and relative paths are resolved against.
     """
@@ -349,4 +369,12 @@ def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None
         timeline=relative(spec["timeline"]) if spec.get("timeline") else None,
         retain_history=spec.get("retain_history"),
         layout=spec.get("layout"),
+        adopt=_flag(spec.get("adopt", False), f"{where}: adopt"),
     )
+
+
+def _flag(value, what: str) -> bool:
+    """A YAML yes/no setting: true or false, nothing else."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{what} must be true or false, not {value!r}")
+    return value

@@ -65,7 +65,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from mvsink import failpoints, storage, table as delta_table
-from mvsink.append.fence import Fence, Fenced, fence_property
+from mvsink.append.fence import Fence, Fenced, fence_of, fence_property
 from mvsink.target.commit_info import (META_VIEW, META_REPLICA, META_LOWER, META_UPPER, META_REASON,
                                        META_REPAIRS, META_COMMIT, META_SINCE, META_DEFINITION,
                                        REASON_ADVANCE_UPPER, REASON_FENCE)
@@ -214,13 +214,13 @@ class Shard:
         commit_id = uuid.uuid4().hex
         metadata = {META_VIEW: self.view_id, META_REPLICA: self.replica_id, META_LOWER: upper,
                     META_UPPER: upper, META_REASON: REASON_FENCE, META_REPAIRS: [], META_COMMIT: commit_id}
+        was = fence_of(table, self.view_id)  # read first: the alter updates ``table`` in place
         table.alter.set_table_properties(
             {fence_property(self.view_id): self.fence.definition}, raise_if_not_exists=False,
             commit_properties=self._commit_properties(metadata, upper, int(time.time() * 1000)))
         self.fence.held = True
         log.warning("view %s: definition %s raised the fence of %s at upper %d (was %s)", self.view_id,
-                    self.fence.definition, self.target, upper,
-                    table.metadata().configuration.get(fence_property(self.view_id)) or "none")
+                    self.fence.definition, self.target, upper, was or "none")
         return commit_id
 
     def _commit_properties(self, metadata: dict, upper: int, now: int) -> CommitProperties:

@@ -5,6 +5,15 @@ For a view with key columns, the error collection holds, for every time `t` and 
 set, other user columns null). It is a function of the desired contents, so it is recomputed only
 for the keys whose rows changed in a step, and only at the times where they changed.
 
+While a key is violated its rows are *withheld*: stored as updates whose ``_mv_error`` is
+:data:`~mvsink.updates.HELD` (every column set) instead of plain rows, so that no reader of the
+view's rows (DuckDB, Spark, delta-rs on a table-layout target, :func:`~mvsink.target.read.plain_sql`
+on the update layout) ever sees two rows for one key: it sees none, and mvsink's status and
+``view_errors`` show the key's error. Where the violation ends, the key's rows are plain rows again
+at that time. Which form a row is stored in is a function of the desired contents as well: the
+same correction that makes the errors right moves the touched keys' rows between the two forms
+(:meth:`KeyErrors.corrections`). A withheld row counts as a row of its key.
+
 Desired contents are not kept separately: `desired = persisted + corrections` (that is what the
 correction buffer is), so the state of the touched keys is read from the table's files at the
 version the buffer was last reconciled with (the read-back's file list; only those whose
@@ -28,9 +37,13 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.updates import DIFF, ERROR, TIME, advance_times
+from mvsink.updates import DIFF, ERROR, HELD, TIME, advance_times, consolidate
 
 _POINT, _N, _NOW, _BEFORE = "_mv_point", "_mv_n", "_mv_now", "_mv_before"
+#: How a key violation's error message begins (``duplicate key {"id":1}: 2 rows``).
+DUPLICATE_KEY = "duplicate key "
+#: Whether the key is violated at a point, and at the point before.
+_HELD, _WAS = "_mv_held", "_mv_was_held"
 #: The most touched keys that are broadcast to the tasks reading the view's rows, each probing
 #: them in memory with no row shuffled (a few MB); more are joined by a sort-merge, which spills.
 BROADCAST_KEYS = 200_000
@@ -56,18 +69,21 @@ class KeyErrors:
     def __init__(self, key: tuple[str, ...], schema: T.StructType):
         self._key, self._columns = list(key), schema.names
         keys = [F.col(k) for k in key]
-        self._ok = F.col(ERROR).isNull()
-        self._key_error = F.col(ERROR).isNotNull() & _all_not_null(self._key)
+        self._user = [c for c in schema.names if c not in (ERROR, TIME, DIFF)]
+        self._ok = F.col(ERROR).isNull() | (F.col(ERROR) == F.lit(HELD))  # a key's rows, withheld or not
+        self._key_error = F.col(ERROR).isNotNull() & (F.col(ERROR) != F.lit(HELD)) & _all_not_null(self._key)
         self._per_time, self._summed = [*keys, F.col(TIME).alias(_POINT)], F.sum(DIFF).alias(_N)
         # A key's row count at time t is the running sum of its diffs up to t (a collection has
         # no negative multiplicities), so one window over (key, time) gives the count at every
         # time where it can change, without joining updates to times.
         by_time = Window.partitionBy(*keys).orderBy(_POINT)
         count = F.sum(_N).over(by_time.rowsBetween(Window.unboundedPreceding, 0))
-        message = F.when(count > 1, F.concat(F.lit("duplicate key "), F.to_json(F.struct(*keys)), F.lit(": "),
+        message = F.when(count > 1, F.concat(F.lit(DUPLICATE_KEY), F.to_json(F.struct(*keys)), F.lit(": "),
                                              count.cast("string"), F.lit(" rows")))
         self._state = [*keys, F.col(_POINT), message.alias(_NOW)]
         self._changes = [*keys, F.col(_POINT), F.col(_NOW), F.lag(_NOW).over(by_time).alias(_BEFORE)]
+        held = F.col(_NOW).isNotNull()
+        self._status = [*keys, F.col(_POINT), held.alias(_HELD), F.lag(held, 1, False).over(by_time).alias(_WAS)]
         # Its changes as updates, both from one pass: +message at a point, -previous message.
         now, before = F.col(_NOW), F.col(_BEFORE)
 
@@ -79,6 +95,10 @@ class KeyErrors:
                           F.when(before.isNotNull() & ~before.eqNullSafe(now), error_update(before, -1)))
         self._error_updates = F.inline(F.filter(updates, lambda u: u.isNotNull()))
         self._negated = [(-F.col(DIFF)).alias(DIFF) if c == DIFF else F.col(c) for c in self._columns]
+
+    def _form(self, held: Column) -> Column:
+        """The ``_mv_error`` of a row stored while its key is violated (``held``) or not."""
+        return F.when(held, F.lit(HELD)).otherwise(F.lit(None).cast("string")).alias(ERROR)
 
     def corrections(self, persisted: DataFrame, corrections: DataFrame, touched: tuple[DataFrame, int] | None,
                     since: int) -> DataFrame:
@@ -98,10 +118,34 @@ class KeyErrors:
             hint = "broadcast" if count <= BROADCAST_KEYS else "merge"
             desired = desired.join(keys_frame.hint(hint), on=self._key, how="left_semi").localCheckpoint(eager=False)
         # Shuffled by key once: the grouping by (key, time) and the windows by key are within it.
-        ok = desired.where(self._ok).repartition(*self._key)
-        wanted = (ok.groupBy(*self._per_time).agg(self._summed).select(*self._state).select(*self._changes)
-                  .select(self._error_updates))
-        return wanted.unionByName(desired.where(self._key_error).select(*self._negated))
+        rows = desired.where(self._ok).repartition(*self._key)
+        state = rows.groupBy(*self._per_time).agg(self._summed).select(*self._state)
+        wanted = state.select(*self._changes).select(self._error_updates)
+        errors = wanted.unionByName(desired.where(self._key_error).select(*self._negated))
+        return errors.unionByName(self._withheld(rows, state.select(*self._status)))
+
+    def _withheld(self, rows: DataFrame, status: DataFrame) -> DataFrame:
+        """Updates that store ``rows`` (a key's rows, withheld or not) withheld exactly where
+        their key is violated (``status``: per key and point, violated there and before): each
+        update of a row in its point's form, and at each point where the key's violation starts
+        or ends its rows from before moved to the other form; minus the rows as stored.
+        Consolidated: nothing for keys never violated (only those, and keys with a row withheld,
+        are looked at)."""
+        key, user = self._key, self._user
+        affected = (status.where(F.col(_HELD)).select(*key)
+                    .unionByName(rows.where(F.col(ERROR) == F.lit(HELD)).select(*key)).distinct())
+        mine = rows.join(affected, on=key, how="left_semi")
+        plain = mine.select(*user, TIME, DIFF)
+        placed = (plain.join(status.select(*key, F.col(_POINT).alias(TIME), _HELD), on=[*key, TIME])
+                  .select(*user, self._form(F.col(_HELD)), TIME, DIFF))
+        switches = status.where(F.col(_HELD) != F.col(_WAS)).select(*key, _POINT, _HELD)
+        before = (plain.join(switches, on=key).where(F.col(TIME) < F.col(_POINT))
+                  .groupBy(*user, _POINT, _HELD).agg(F.sum(DIFF).alias(DIFF)).where(F.col(DIFF) != 0))
+        moved_in = before.select(*user, self._form(F.col(_HELD)), F.col(_POINT).alias(TIME), DIFF)
+        moved_out = before.select(*user, self._form(~F.col(_HELD)), F.col(_POINT).alias(TIME),
+                                  (-F.col(DIFF)).alias(DIFF))
+        current = mine.select(*self._negated).select(*user, ERROR, TIME, DIFF)
+        return consolidate(placed.unionByName(moved_in).unionByName(moved_out).unionByName(current))
 
 
 def unique_keys(updates: DataFrame, key: tuple[str, ...]) -> tuple[int, bool]:

@@ -3,7 +3,8 @@
 The YAML names the sources (name -> Delta path), the target root (a view's target is
 ``<targets>/<view name>`` unless ``views.<name>.target`` says otherwise), the timeline (default
 ``<targets>/_timeline``) and defaults for every view (``retain_history``, ``layout``, ``as_of``,
-``trigger_seconds``); ``views.<name>`` may override them per view. The views are the
+``trigger_seconds``, ``adopt``: take over an existing Delta target, see
+:mod:`mvsink.target.ownership`); ``views.<name>`` may override them per view. The views are the
 ``CREATE MATERIALIZED VIEW`` statements of every ``*.sql`` file under the folder and the functions
 decorated with ``@materialized_view`` in every ``*.py`` file under it
 (:mod:`mvsink.pipeline.decorator`; importing them runs no Spark job).
@@ -26,7 +27,7 @@ from mvsink.view import ConfigError, normalize_path, yaml_mapping
 CONFIG_FILE = "pipeline.yaml"
 _SETTINGS = {"sources", "targets", "timeline", "defaults", "views"}
 #: What ``defaults`` and ``views.<name>`` may set; ``target`` only per view.
-VIEW_SETTINGS = {"retain_history", "layout", "as_of"}
+VIEW_SETTINGS = {"retain_history", "layout", "as_of", "adopt"}
 _DEFAULTS = VIEW_SETTINGS | {"trigger_seconds"}
 
 
@@ -38,7 +39,7 @@ class PipelineConfig:
     #: view name -> its SQL statement or Python function, in file order (SQL files first).
     views: dict[str, ViewStatement | PythonView]
     targets: dict[str, str]
-    #: view name -> its settings (``retain_history``, ``layout``, ``as_of``), defaults applied.
+    #: view name -> its settings (``retain_history``, ``layout``, ``as_of``, ``adopt``), defaults applied.
     settings: dict[str, dict]
     trigger_seconds: float | None
 

@@ -16,7 +16,9 @@ nothing: running views are kept as they are), sends one command and prints the a
     mvsink --replica HOST:PORT drop VIEW
     mvsink --replica HOST:PORT plan VIEW [--limit N] [--json]
     mvsink --replica HOST:PORT configure trigger_seconds=1 shuffle_partitions=4 log_level=DEBUG
-    mvsink cutover --old HOST:PORT --new HOST:PORT VIEW [--max-plan-rows N]
+    mvsink cutover --old HOST:PORT --new HOST:PORT (VIEW | --all) [--max-plan-rows N]
+                                                                  (--all: every view --new runs; a single
+                                                                  view only if --new runs no other)
     mvsink sql TARGET [--time T] [--dialect duckdb|spark|trino]
     mvsink version TARGET --time T [--view ID]                    (the table version that holds time T)
 
@@ -35,7 +37,7 @@ import logging
 import sys
 
 from mvsink.target.read import NotReadable, newest_view, plain_sql, version_of_time
-from mvsink.replica.controller import Controller, ControllerError, cutover
+from mvsink.replica.controller import Controller, ControllerError, cutover, views_to_cut_over
 from mvsink.replica.protocol import PlanResponse
 from mvsink.target.status import table_status
 from mvsink.view import ConfigError, normalize_path, spec_from_yaml, view_from_spec
@@ -80,7 +82,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     configure = commands.add_parser("configure", help="change runtime settings")
     configure.add_argument("settings", nargs="+", metavar="NAME=VALUE")
     cut = commands.add_parser("cutover", help="blue/green: hand a view from --old to --new")
-    cut.add_argument("view")
+    cut.add_argument("view", nargs="?", help="the view; refused if --new runs other views too (use --all)")
+    cut.add_argument("--all", action="store_true",
+                     help="every view --new runs (a pipeline replica's): allowing writes promotes them all")
     cut.add_argument("--old", required=True, metavar="HOST:PORT")
     cut.add_argument("--new", required=True, metavar="HOST:PORT")
     cut.add_argument("--max-plan-rows", type=int, metavar="N",
@@ -114,6 +118,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.command not in ("cutover", "sql", "version", "explain") and not from_table and not args.replica:
         parser.error(f"{args.command} needs --replica HOST:PORT" + (
             " (or --target PATH / --config view.yaml)" if args.command == "status" else ""))
+    if args.command == "cutover" and bool(args.view) == args.all:
+        parser.error("cutover: give a VIEW or --all")
     if args.command == "plan" and args.limit < 0:
         parser.error("plan: --limit must be >= 0")
     return args
@@ -260,9 +266,14 @@ def run(args: argparse.Namespace) -> None:
         with Controller(args.old, timeout=args.timeout) as old, Controller(args.new, timeout=args.timeout) as new:
             old.connect()
             new.connect()
-            frontier = cutover(old, new, args.view, timeout=args.timeout, max_plan_rows=args.max_plan_rows)
-            print(f"cutover of {args.view}: {args.new} writes from frontier {frontier}; "
-                  f"{args.old} has dropped the view (stop its process)")
+            views = views_to_cut_over(old, new, args.view)
+            frontiers = cutover(old, new, views, timeout=args.timeout, max_plan_rows=args.max_plan_rows)
+            left = sorted(set(old.status().views) - set(views))
+            print(f"cutover of {len(views)} view{'s' if len(views) > 1 else ''} {', '.join(views)}: {args.new} "
+                  + (f"writes from frontier {frontiers[views[0]]}" if len(views) == 1 else
+                     "writes from frontiers " + ", ".join(f"{v} {f}" for v, f in frontiers.items()))
+                  + f"; {args.old} has dropped {'them' if len(views) > 1 else 'it'}"
+                  + (f" and still runs {', '.join(left)}" if left else " (stop its process)"))
         return
     with Controller(args.replica, timeout=args.timeout) as controller:
         controller.connect()

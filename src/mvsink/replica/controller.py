@@ -10,8 +10,9 @@ Responses are read by a background thread into: the latest frontier per view (an
 sequence, to check they only advance), the latest ``Status``, peek and plan results by uuid, and
 errors.
 
-:func:`cutover` is the blue/green cutover between two replicas of a view; with a bound on the
-new replica's plan it refuses, changing nothing, when the first commit would write more.
+:func:`cutover` is the blue/green cutover between two replicas: of every view the new replica
+runs, since allowing writes promotes them all (:func:`views_to_cut_over`); with a bound on the
+new replica's plans it refuses, changing nothing, when a first commit would write more.
 """
 
 from __future__ import annotations
@@ -281,41 +282,78 @@ def view_spec(path: str) -> dict:
     return shared_spec(spec_from_yaml(path))
 
 
-def cutover(old: Controller, new: Controller, view_id: str, timeout: float = 600.0,
-            poll_seconds: float = 1.0, max_plan_rows: int | None = None) -> int:
-    """Blue/green cutover of ``view_id`` from ``old`` (writing) to ``new`` (read-only).
+class PartialCutover(ControllerError):
+    """A cutover of some views of a replica that runs others: allowing writes promotes them all."""
 
-    1. wait until ``new`` has hydrated the view and its frontier has reached ``old``'s;
+
+def views_to_cut_over(old: Controller, new: Controller, view_id: str | None) -> list[str]:
+    """The views a cutover from ``old`` to ``new`` hands over: ``view_id`` alone, or every view
+    ``new`` runs (None: ``--all``). Allowing writes is the replica's, not a view's: it promotes
+    every view ``new`` runs, so a single view is refused (:class:`PartialCutover`, nothing
+    changed) where ``new`` runs others; they would be promoted while ``old`` keeps writing them."""
+    running = sorted(new.status().views)
+    if view_id is None:
+        if not running:
+            raise ControllerError(f"cutover: {new.address} runs no view")
+        return running
+    if view_id not in running:
+        raise ControllerError(f"cutover of {view_id}: {new.address} does not run it (it runs {running or 'none'})")
+    others = [v for v in running if v != view_id]
+    if others:
+        raise PartialCutover(
+            f"cutover of {view_id} refused, nothing changed: {new.address} also runs views {others}, and "
+            f"allowing it to write promotes all of them while {old.address} would keep writing them (each "
+            f"then fenced, or refused, there). Cut over the whole replica: mvsink cutover --all --old "
+            f"{old.address} --new {new.address}")
+    return [view_id]
+
+
+def cutover(old: Controller, new: Controller, view_ids: list[str], timeout: float = 600.0,
+            poll_seconds: float = 1.0, max_plan_rows: int | None = None) -> dict[str, int]:
+    """Blue/green cutover of ``view_ids`` (every view ``new`` runs: see
+    :func:`views_to_cut_over`) from ``old`` (writing) to ``new`` (read-only).
+
+    1. wait until ``new`` has hydrated every view and its frontier has reached ``old``'s;
     1b. with ``max_plan_rows``: raise :class:`PlanTooLarge`, changing nothing (``old`` still
-       writes, ``new`` stays read-only), if ``new``'s plan has more updates than that;
-    2. drop the view at ``old`` and wait for its empty frontier: its query has stopped, it will
-       write nothing more (so the first commit after the cutover is ``new``'s);
+       writes, ``new`` stays read-only), if ``new``'s plan of a view has more updates than that;
+    2. drop the views at ``old`` and wait for their empty frontiers: their queries have stopped,
+       they will write nothing more (so the first commit after the cutover is ``new``'s);
     3. allow writes at ``new``.
 
-    Returns the frontier at which ``new`` took over. The caller stops the old process.
+    Returns the frontier at which ``new`` took over each view. The caller stops the old process.
     """
     deadline = time.monotonic() + timeout
+    frontiers = {}
+    for view_id in view_ids:
+        frontiers[view_id] = _caught_up(old, new, view_id, deadline, timeout, poll_seconds)
+    if max_plan_rows is not None:
+        for view_id in view_ids:
+            plan = new.plan(view_id, limit=0, timeout=timeout)
+            if plan.updates > max_plan_rows:
+                raise PlanTooLarge(f"cutover of {view_id} refused: the first commit of {new.address} would write "
+                                   f"{plan.updates} updates (+{plan.added} -{plan.removed} rows) at [{plan.lower}, "
+                                   f"{plan.upper}), more than --max-plan-rows {max_plan_rows}; nothing changed: "
+                                   f"{old.address} still writes, {new.address} stays read-only")
+            log.info("cutover of %s: the plan writes %d updates, within %d", view_id, plan.updates, max_plan_rows)
+    log.info("cutover of %s: the new replica caught up at %s; stopping the old one", ", ".join(view_ids), frontiers)
+    for view_id in view_ids:
+        old.drop(view_id)
+    new.allow_writes()
+    log.info("cutover of %s: the new replica writes from frontiers %s", ", ".join(view_ids), frontiers)
+    return frontiers
+
+
+def _caught_up(old: Controller, new: Controller, view_id: str, deadline: float, timeout: float,
+               poll_seconds: float) -> int:
+    """Wait until ``new``'s frontier of ``view_id`` has reached ``old``'s; returns it."""
     while True:
         old_frontier = old.frontiers.get(view_id)
         new_frontier = new.frontiers.get(view_id)
         if old_frontier is not None and new_frontier is not None and new_frontier >= old_frontier:
-            break
+            return new_frontier
         if time.monotonic() > deadline:
             raise ControllerError(f"cutover of {view_id}: the new replica did not catch up in {timeout}s "
                                   f"(old frontier {old_frontier}, new {new_frontier})")
         log.info("cutover of %s: waiting for the new replica (frontier %s) to reach the old (%s)",
                  view_id, new_frontier, old_frontier)
         time.sleep(poll_seconds)
-    if max_plan_rows is not None:
-        plan = new.plan(view_id, limit=0, timeout=timeout)
-        if plan.updates > max_plan_rows:
-            raise PlanTooLarge(f"cutover of {view_id} refused: the first commit of {new.address} would write "
-                               f"{plan.updates} updates (+{plan.added} -{plan.removed} rows) at [{plan.lower}, "
-                               f"{plan.upper}), more than --max-plan-rows {max_plan_rows}; nothing changed: "
-                               f"{old.address} still writes, {new.address} stays read-only")
-        log.info("cutover of %s: the plan writes %d updates, within %d", view_id, plan.updates, max_plan_rows)
-    log.info("cutover of %s: new replica caught up at %d; stopping the old one", view_id, new_frontier)
-    old.drop(view_id)
-    new.allow_writes()
-    log.info("cutover of %s: the new replica writes from frontier %d", view_id, new_frontier)
-    return new_frontier

@@ -27,9 +27,12 @@ Under ``spark-submit`` the job (the Python driver) is a child of the spark-submi
 it: when that process ends, however it was stopped (``SIGTERM``, ``SIGKILL``), the job ends
 too, at once, and its protocol port with it.
 
+``--adopt-existing`` lets every view take over a target that is a Delta table it did not write
+(:mod:`mvsink.target.ownership`); without it such a target is refused (exit 2).
+
 Exit codes: 0 stopped on request (``SIGTERM``, ``SIGINT``), 2 bad configuration or flags (nothing
-written), 3 fenced: another definition of the view writes its target, this job's never will
-(:data:`EXIT_FENCED`), 1 every view failed, or any other failure.
+written; a target that is not the view's included), 3 fenced: another definition of the view writes
+its target, this job's never will (:data:`EXIT_FENCED`), 1 every view failed, or any other failure.
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--read-only", action="store_true", default=None,
                         help="start read-only: compute and keep up, write nothing until allowed")
     parser.add_argument("--replica-id", help="this replica's name in commit metadata (default host-pid)")
+    parser.add_argument("--adopt-existing", action="store_true",
+                        help="take over targets that are existing Delta tables these views did not write "
+                             "(their other rows are retracted); without it such a target is refused, exit 2")
     parser.add_argument("--allow-writes-file", help="allow writes once this file exists (or on SIGUSR1)")
     parser.add_argument("--trigger-seconds", type=positive_seconds,
                         help="seconds between steps, > 0 (default: the pipeline's trigger_seconds, else 2)")
@@ -164,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         views = pipeline.view_specs()
         trigger_seconds = trigger_seconds or pipeline.config.trigger_seconds
         log.info("pipeline %s: views %s", pipeline.config.path, ", ".join(v["view_id"] for v in views))
+    if args.adopt_existing:
+        views = [{**view, "adopt": True} for view in views]
     state = ComputeState(replica_id, lambda: spark, read_only_start=read_only,
                          trigger_seconds=trigger_seconds or 2.0, log_level=args.log_level)
 

@@ -32,7 +32,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink.table import latest_version
 from mvsink.target.read import NotReadable, view_contents, view_since, view_upper
-from mvsink.updates import CLOSED, ERROR, RESERVED
+from mvsink.updates import CLOSED, ERROR, RESERVED, is_error
 
 #: Spark's LIMIT and OFFSET are 32-bit.
 _MAX_ROWS = 2**31 - 1
@@ -169,7 +169,7 @@ def _filtered(user: DataFrame, request: PeekRequest, names: list[str]) -> DataFr
 
 
 def _raise_if_in_error(contents: DataFrame, request: PeekRequest) -> None:
-    errors = contents.where(F.col(ERROR).isNotNull()).select(ERROR).limit(5).collect()
+    errors = contents.where(is_error()).select(ERROR).limit(5).collect()
     if errors:
         raise PeekError(f"view {request.view_id!r} is in error at time {request.time}: "
                         + " | ".join(r[0] for r in errors))

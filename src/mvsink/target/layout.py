@@ -36,7 +36,7 @@ from pyspark.sql import types as T
 
 from mvsink import storage
 from mvsink.table import latest_version
-from mvsink.updates import DIFF, ERROR, RESERVED
+from mvsink.updates import DIFF, ERROR, HELD, RESERVED
 
 TABLE = "table"
 UPDATES = "updates"
@@ -95,7 +95,8 @@ def error_messages(target: str, paths: list[str]) -> Counter:
         with fs.open_input_file(storage.join(root, path)) as f:
             data = pq.read_table(f, columns=[ERROR, DIFF])
         for message, diff in zip(data.column(ERROR).to_pylist(), data.column(DIFF).to_pylist()):
-            errors[message] += diff
+            if message != HELD:  # a row withheld while its key is violated: the violation is the error
+                errors[message] += diff
     return +errors
 
 

@@ -24,7 +24,7 @@ from mvsink.target.commit_info import (META_LOWER, META_READBACK, META_REASON, M
                                        META_VIEW, REASON_ADVANCE_UPPER, REASON_COMPACTION)
 from mvsink.target.layout import TABLE, error_files, layout_of
 from mvsink.table import CONTENT_PRESERVING, commit_info, file_uri, latest_version, spark_uri
-from mvsink.updates import CLOSED, DIFF, ERROR, RESERVED, TIME, contents_at, normalize
+from mvsink.updates import CLOSED, DIFF, ERROR, RESERVED, TIME, contents_at, is_error, normalize
 
 
 class ViewInError(RuntimeError):
@@ -177,7 +177,7 @@ def _error_rows(spark: SparkSession, target: str, paths: list[str]) -> DataFrame
         return None
     rows = normalize(spark.read.parquet(*[file_uri(target, p) for p in paths]),
                      spark.read.parquet(file_uri(target, paths[0])).schema)
-    return contents_at(rows, CLOSED).where(F.col(ERROR).isNotNull())
+    return contents_at(rows, CLOSED).where(is_error())
 
 
 def _error_messages(spark: SparkSession, target: str, paths: list[str], most: int) -> list[str]:
@@ -203,7 +203,7 @@ def read_view(spark: SparkSession, target: str, view_id: str, time: int | None =
         raise NotReadable(f"view {view_id!r} is readable at times [{since}, {upper}), not at {time}")
     contents = contents_at(updates(spark, target), time)
     if errors == "raise":
-        messages = [r[ERROR] for r in contents.where(F.col(ERROR).isNotNull()).select(ERROR).limit(5).collect()]
+        messages = [r[ERROR] for r in contents.where(is_error()).select(ERROR).limit(5).collect()]
         if messages:
             raise ViewInError(f"view {view_id!r} is in error at time {time}: " + " | ".join(messages))
     user = [c for c in contents.columns if c not in RESERVED]
@@ -218,7 +218,7 @@ def view_errors(spark: SparkSession, target: str, time: int, view_id: str | None
         _, info = _holding(target, view_id, time)
         rows = _error_rows(spark, target, error_files(info) or [])
         return spark.createDataFrame([], f"{ERROR} STRING") if rows is None else rows.select(ERROR)
-    return contents_at(updates(spark, target), time).where(F.col(ERROR).isNotNull()).select(ERROR)
+    return contents_at(updates(spark, target), time).where(is_error()).select(ERROR)
 
 
 def newest_view(target: str) -> str:

@@ -39,7 +39,7 @@ from mvsink import storage
 from mvsink.append import Shard, compare_and_append
 from mvsink.mint import Description
 from mvsink.table import latest_version
-from mvsink.view import ConfigError
+from mvsink.view import ConfigError, location
 from mvsink.write import StagedBatch, StagedFile
 from mvsink.write.stats import FileStats
 
@@ -82,7 +82,7 @@ class Timeline:
     """A timeline as one replica sees it: the entries read so far, and the way to append one.
 
     ``sources`` is what the view declares (name -> path); an existing timeline must have exactly
-    those. ``None`` adopts the timeline's own sources (a reader).
+    those names, for the same tables (paths compared by :func:`mvsink.view.location`). ``None`` adopts the timeline's own sources (a reader).
     """
 
     def __init__(self, path: str, sources: dict[str, str] | None, replica_id: str = "reader"):
@@ -164,10 +164,10 @@ class Timeline:
         have = json.loads(raw)
         if self.sources is None:
             self.sources = have
-        elif have != self.sources:
+        elif _locations(have) != _locations(self.sources):
             raise TimelineError(
                 f"timeline {self.path} is for sources {have}, but the view declares {self.sources}; "
-                "every view on one timeline declares the same sources (names and paths), or give "
+                "every view on one timeline declares the same sources (names and tables), or give "
                 "the view a timeline of its own")
 
     def _add(self, entry: Entry, where: str) -> None:
@@ -264,6 +264,12 @@ class Timeline:
             stats.add(batch)
         return StagedBatch(Description(entry.time, entry.time + 1), self.path,
                            [StagedFile(name, len(buffer.getvalue()), data.num_rows, stats.to_json())])
+
+
+def _locations(sources: dict[str, str]) -> dict[str, str]:
+    """Sources by name -> where each is (:func:`mvsink.view.location`): a copy of a pipeline
+    whose relative paths are spelled from another folder declares the same sources."""
+    return {name: location(path) for name, path in sources.items()}
 
 
 def _entry_to_json(entry: Entry) -> str:
