@@ -105,12 +105,18 @@ class Replica:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.alive():
             self._send(sig)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self._send(signal.SIGKILL)
-                self.proc.wait()
-        if self.submit and self.proc is not None:
+        self._reap()
+
+    def _reap(self) -> None:
+        """Wait for the process to end (SIGKILL after 60 s), then for whatever of its group outlived it."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._send(signal.SIGKILL)
+            self.proc.wait()
+        if self.submit:
             kill_group(self.proc.pid)  # whatever of the group outlived its leader
 
     def _send(self, sig: int) -> None:
@@ -129,15 +135,17 @@ class Replica:
 def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, edit: Callable[[int], None],
                        target: str, view_id: str, pause: tuple[float, float] = (0.3, 2.0),
                        takeover_timeout: float = 600) -> int:
-    """Make source commits (``edit(n)``) and kill (SIGKILL or SIGTERM) a replica ``restarts``
-    times, the replicas in turn. A victim stays down, while the edits go on, until another replica
-    has won a commit that writes updates, so every run shows the survivors taking over; then it
-    restarts. Makes at least ``commits`` edits, more while a takeover is pending: a survivor may
+    """Make source commits (``edit(n)``) and kill a replica ``restarts`` times, the replicas in
+    turn, with SIGKILL and SIGTERM in turn (the first chosen at random: two restarts see both).
+    A victim stays down, while the edits go on, until another replica has won a commit that
+    writes updates, so every run shows the survivors taking over; then it restarts. Makes at least ``commits`` edits, more while a takeover is pending: a survivor may
     itself have just restarted, so on a loaded machine it can take a JVM's start and a hydration,
     and the wait is bounded in seconds (``takeover_timeout``), not in edits. Fails at once if a
     replica that was not killed exits. At the end every replica is alive. Returns the number of
     restarts."""
     kill_at = sorted(rng.sample(range(2, commits - 4), restarts))
+    signals = [signal.SIGKILL, signal.SIGTERM]
+    rng.shuffle(signals)
     down: tuple[Replica, int, float] | None = None  # the victim, the others' data commits then, when
     n = done = 0
     while n < commits or done < restarts or down:
@@ -153,7 +161,7 @@ def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, e
             down = None
         if down is None and done < restarts and n >= kill_at[done]:
             victim = fleet[done % len(fleet)]
-            victim.kill(rng.choice([signal.SIGKILL, signal.SIGTERM]))
+            victim.kill(signals[done % 2])
             down = (victim, _data_commits_by_others(target, view_id, victim), time.monotonic())
             done += 1
         time.sleep(rng.uniform(*pause))
@@ -169,6 +177,16 @@ def _data_commits_by_others(target: str, view_id: str, victim: Replica) -> int:
     return sum(1 for info in table_at(target).history()
                if info.get("mvsink.view") == view_id and info.get("mvsink.reason") != "advance-upper"
                and info.get("mvsink.replica") not in (None, victim.replica_id))
+
+
+def stop_all(replicas, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to every replica still running, then wait for each (as :meth:`Replica.kill`):
+    they stop side by side, not one after another."""
+    for replica in replicas:
+        if replica.alive():
+            replica._send(sig)
+    for replica in replicas:
+        replica._reap()
 
 
 def kill_group(pgid: int) -> None:
@@ -501,8 +519,7 @@ def run_with_a_kill(fleet: list[Replica], src: str, target: str, view_id: str, r
                  what=f"the view to reach source version {latest}", watch=tuple(fleet))
         return KillRun(victim, kill_at, upper_at_kill, latest, view_upper_of(target, view_id))
     finally:
-        for replica in fleet:
-            replica.kill(signal.SIGTERM)
+        stop_all(fleet)
 
 
 def stage_row(target: str, name: str, proc: int, lower: int, table=None):
@@ -763,30 +780,35 @@ def read_plainly_at_every_time(spark, target: str, view_id: str, columns: list[s
     from collections import Counter
 
     from deltalake import DeltaTable
+    from pyspark.sql import functions as F
+
     from mvsink.target.read import NotReadable, version_of_time, view_upper
 
-    con = duckdb_with_delta()
-    rows_at: dict[int, Counter] = {}
-    times = 0
+    version_at: dict[int, int] = {}
     for t in range(since, view_upper(target, view_id)):
         try:
-            version = version_of_time(target, view_id, t)
+            version_at[t] = version_of_time(target, view_id, t)
         except NotReadable as exc:
             assert "foreign commit" in str(exc), exc
-            continue
-        if version not in rows_at:
-            con.execute(f"ATTACH '{target}' AS v{version} (TYPE delta, VERSION {version})")
-            selected = ", ".join(f'"{c}"' for c in columns)
-            by_duckdb = Counter(con.sql(f"SELECT {selected} FROM v{version}").fetchall())
-            data = DeltaTable(target, version=version).to_pyarrow_table(columns=columns)
-            by_delta_rs = Counter(zip(*(data.column(c).to_pylist() for c in columns)))
-            by_spark = Counter(tuple(r) for r in spark.read.format("delta").option("versionAsOf", version)
-                               .load(target).select(*columns).collect())
-            assert by_duckdb == by_delta_rs == by_spark, f"readers disagree at version {version}"
-            rows_at[version] = by_spark
-        assert rows_at[version] == expected(t), f"time {t} at version {version}"
-        times += 1
-    return times, len(rows_at)
+    versions = sorted(set(version_at.values()))
+    # Spark reads every version by time travel in one job: a union of the versions' reads.
+    by_spark = {v: Counter() for v in versions}
+    if versions:
+        reads = [spark.read.format("delta").option("versionAsOf", v).load(target)
+                 .select(F.lit(v).alias("_version"), *columns) for v in versions]
+        for row in reduce(lambda a, b: a.unionAll(b), reads).collect():
+            by_spark[row[0]][tuple(row[1:])] += 1
+    con = duckdb_with_delta()
+    selected = ", ".join(f'"{c}"' for c in columns)
+    for version in versions:
+        con.execute(f"ATTACH '{target}' AS v{version} (TYPE delta, VERSION {version})")
+        by_duckdb = Counter(con.sql(f"SELECT {selected} FROM v{version}").fetchall())
+        data = DeltaTable(target, version=version).to_pyarrow_table(columns=columns)
+        by_delta_rs = Counter(zip(*(data.column(c).to_pylist() for c in columns)))
+        assert by_duckdb == by_delta_rs == by_spark[version], f"readers disagree at version {version}"
+    for t, version in version_at.items():
+        assert by_spark[version] == expected(t), f"time {t} at version {version}"
+    return len(version_at), len(versions)
 
 
 def foreign_append_before_commit(monkeypatch, target: str, rows) -> list[int]:

@@ -37,19 +37,25 @@ def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path):
                           input={"kind": "changes", "source": src})
     logs = tmp_path / "logs"
     logs.mkdir()
-    healthy = Replica(config, "r0", logs, "--orphan-grace-seconds", "0").start()
-    wait_for(lambda: caught_up(tgt, "crashy"), timeout=240, what="the first commits", watch=(healthy,))
-    healthy.kill(signal.SIGTERM)
-
+    # One replica, started again after each kill (its logs r0-1.log, r0-2.log, ...). Its first
+    # start makes the view's first commits, and only then is its failpoint armed.
+    replica = Replica(config, "r0", logs)
+    armed = tmp_path / "armed"
     orphans: set[str] = set()
     for n, failpoint in enumerate(FAILPOINTS):
         marker = tmp_path / f"frozen-{failpoint}"
-        doomed = Replica(config, "r0", logs, env={"MVSINK_FAILPOINT": failpoint,
-                                                  "MVSINK_FAILPOINT_MARKER": str(marker)}).start()
-        upper_before = _upper(tgt)
-        insert(spark, src, [(10 + n, "c"), (20 + n, "d")])
-        wait_for(marker.exists, timeout=240, what=f"the replica to reach {failpoint}", watch=(doomed,))
-        doomed.kill(signal.SIGKILL)
+        replica.env = {"MVSINK_FAILPOINT": failpoint, "MVSINK_FAILPOINT_MARKER": str(marker),
+                       "MVSINK_FAILPOINT_ARMED_BY": str(armed)}
+        doomed = replica.start()
+        try:
+            if n == 0:
+                wait_for(lambda: caught_up(tgt, "crashy"), timeout=240, what="the first commits", watch=(doomed,))
+                armed.touch()
+            upper_before = _upper(tgt)
+            insert(spark, src, [(10 + n, "c"), (20 + n, "d")])
+            wait_for(marker.exists, timeout=240, what=f"the replica to reach {failpoint}", watch=(doomed,))
+        finally:
+            doomed.kill(signal.SIGKILL)
         committed = _upper(tgt) > upper_before
         assert committed == (failpoint == "after-commit"), failpoint
         leftovers = _staged(tgt) - _committed(tgt) - orphans
@@ -57,7 +63,8 @@ def test_kill_9_while_writing_or_committing_then_restart(spark, tmp_path):
         orphans |= leftovers
 
     spark.sql(f"DELETE FROM delta.`{src}` WHERE id = 1")
-    restarted = Replica(config, "r0", logs, "--orphan-grace-seconds", "0").start()
+    replica.env, replica.extra = {}, ("--orphan-grace-seconds", "0")
+    restarted = replica.start()
     try:
         wait_for(lambda: caught_up(tgt, "crashy"), timeout=240, what="catching up", watch=(restarted,))
         wait_for(lambda: not (orphans & _staged(tgt)), timeout=60, what="orphans to be cleaned up", watch=(restarted,))

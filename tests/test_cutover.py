@@ -8,12 +8,12 @@ the old definition, and from green's first commit on the table holds the new one
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import textwrap
 
-from helpers import ROOT, Replica, create_source, insert, log_history, view_upper_of, wait_for, write_config
+from helpers import (ROOT, Replica, create_source, insert, log_history, stop_all, view_upper_of, wait_for,
+                     write_config)
 from mvsink.check import caught_up, check_table, expected_from_source
 from mvsink.replica.controller import Controller
 
@@ -85,8 +85,7 @@ def test_blue_green_cutover_to_a_changed_definition(spark, tmp_path):
         assert after.ok, after.problems  # includes: the commits are contiguous
         print(f"cutover at table version {switch_version} (time {switch_lower}): {after.summary()}")
     finally:
-        for replica in (blue, green):
-            replica.kill(signal.SIGTERM)
+        stop_all([blue, green])
 
 
 def test_a_replica_running_several_views_is_cut_over_whole(spark, tmp_path):
@@ -133,5 +132,4 @@ def test_a_replica_running_several_views_is_cut_over_whole(spark, tmp_path):
                        if h.get("mvsink.view") == view]
             assert writers[-1] == "green" and "blue" not in writers[writers.index("green"):], writers
     finally:
-        for replica in (blue, green):
-            replica.kill(signal.SIGTERM)
+        stop_all([blue, green])

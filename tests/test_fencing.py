@@ -122,7 +122,7 @@ def test_python_api_blue_never_writes_after_greens_first_commit(spark, tmp_path)
 
 @contextmanager
 def _blue_then_green(spark, tmp_path, blue_env: dict | None = None):
-    """Blue (a stand-alone writer, ``blue_env`` in its environment) caught up, then green
+    """Blue (a stand-alone writer, ``blue_env`` in its environment) caught up and green
     (read-only, allowed to write once the file ``allow`` exists) hydrated; both stopped after."""
     src, tgt = _orders(spark, tmp_path), str(tmp_path / "tgt")
 
@@ -133,11 +133,11 @@ def _blue_then_green(spark, tmp_path, blue_env: dict | None = None):
     logs = tmp_path / "logs"
     logs.mkdir()
     allow = tmp_path / "allow"
+    # Both start at once: green, read-only, computes nothing until blue has minted a time.
     blue = Replica(config("blue", BLUE), "blue", logs, env=blue_env).start()
-    green = Replica(config("green", GREEN), "green", logs, "--read-only", "--allow-writes-file", str(allow))
+    green = Replica(config("green", GREEN), "green", logs, "--read-only", "--allow-writes-file", str(allow)).start()
     try:
-        wait_for(lambda: caught_up(tgt, VIEW), timeout=300, what="blue's first commits", watch=(blue,))
-        green.start()
+        wait_for(lambda: caught_up(tgt, VIEW), timeout=300, what="blue's first commits", watch=(blue, green))
         wait_for(lambda: "hydration done" in green.logs(), timeout=300, what="green hydrated", watch=(green,))
         yield SimpleNamespace(src=src, tgt=tgt, logs=logs, allow=allow, blue=blue, green=green)
         wait_for(lambda: caught_up(tgt, VIEW), timeout=120, what="green to write on", watch=(green,))

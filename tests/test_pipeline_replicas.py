@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 
-from helpers import JOB, ROOT, Replica, log_history, wait_for
+from helpers import JOB, ROOT, Replica, log_history, stop_all, wait_for
 from mvsink.check import caught_up, check_table
 from mvsink.pipeline import read_config
 from pipeline_tpch import GOLD, SILVER, VIEWS, Independent, random_commit, views_agree, write_pipeline
@@ -67,11 +67,11 @@ def test_two_replicas_a_kill_and_a_promoted_changed_pipeline(spark, tmp_path):
                      watch=(blue[0],))
             blue[1].signal(signal.SIGCONT)
         blue[0].kill(signal.SIGKILL)
+        green.start()  # read-only: it starts and hydrates while blue1 carries on alone
         for made in range(made + 1, made + 5):
             random_commit(spark, sources, rng, made, next_key)
         wait_for(lambda: _all_caught_up(targets, timeline), timeout=400, what="blue1 to catch up",
-                 watch=(blue[1],))
-        green.start()
+                 watch=(blue[1], green))
         wait_for(lambda: green.logs().count("hydration done") >= len(VIEWS), timeout=400,
                  what="green to hydrate every view", watch=(green,))
         made += 1
@@ -83,8 +83,7 @@ def test_two_replicas_a_kill_and_a_promoted_changed_pipeline(spark, tmp_path):
             random_commit(spark, sources, rng, made, next_key)
         wait_for(lambda: _all_caught_up(targets, timeline), timeout=400, what="green to catch up", watch=(green,))
     finally:
-        for replica in (*blue, green):
-            replica.kill(signal.SIGTERM)
+        stop_all([*blue, green])
 
     old, new = Independent(blue_dir, sources, timeline), Independent(green_dir, sources, timeline)
     uppers, blue_writers = [], set()

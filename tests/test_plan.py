@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -16,7 +15,7 @@ from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 
-from helpers import ROOT, Replica, create_source, log_history, view_upper_of, wait_for, write_config
+from helpers import ROOT, Replica, create_source, log_history, stop_all, view_upper_of, wait_for, write_config
 from mvsink.check import caught_up
 from mvsink.replica.controller import Controller
 from mvsink.table import latest_version, log_actions
@@ -115,5 +114,4 @@ def test_the_plan_is_what_the_promoted_replica_commits_first(spark, tmp_path):
             planned_change[(id_, v)] += diff * n
         assert committed_change(tgt, first["version"]) == dict(planned_change)
     finally:
-        for replica in (blue, green):
-            replica.kill(signal.SIGTERM)
+        stop_all([blue, green])

@@ -5,19 +5,20 @@ version of each source, and the table equals the view computed from exactly thos
 from __future__ import annotations
 
 import random
-import signal
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
-from helpers import Replica, create_source, edit_with_restarts, insert, view_upper_of, wait_for, write_config
+from helpers import (Replica, create_source, edit_with_restarts, insert, stop_all, view_upper_of, wait_for,
+                     write_config)
 from mvsink.check import TimelineReader, caught_up, check_table
 from timeline_views import (CUSTOMERS, LINEITEM, ORDERS, ORDERS_LEFT_CUSTOMERS_SQL, ORDERS_WITH_CUSTOMERS_COLUMNS,
                             REVENUE_COLUMNS, Independent)
 
 SOURCE_COMMITS = 24
-RESTARTS = 3
+#: Two replicas killed, one with SIGKILL and one with SIGTERM (a third restart showed nothing new).
+RESTARTS = 2
 VIEWS = Path(__file__).with_name("timeline_views.py")
 
 
@@ -75,8 +76,7 @@ def test_replicas_of_a_view_over_three_sources_keep_every_time_exact(spark, tmp_
         wait_for(lambda: caught_up(target, view, timeline), timeout=300,
                  what="the view to reach every source's latest version", watch=tuple(fleet))
     finally:
-        for replica in fleet:
-            replica.kill(signal.SIGTERM)
+        stop_all(fleet)
 
     said = "".join(log.read_text() for log in logs.glob("*.log"))
     strategy = {"orders_left_customers": "by per-key recompute", "revenue": "by per-group recompute"}[view]
@@ -97,7 +97,7 @@ def test_replicas_of_a_view_over_three_sources_keep_every_time_exact(spark, tmp_
     assert result.times_checked >= upper
     # One time covers every source commit since the last, so how many times there are depends on
     # how fast the replicas step (6 to 8 for 24 commits, on a loaded or an idle machine).
-    assert upper > RESTARTS, "times follow the sources"
+    assert upper > 3, "times follow the sources"
     writers = {replica for _, _, reason, replica in result.commits if reason != "advance-upper"}
     assert len(writers) >= 2, f"only {writers} ever won a commit: the replicas did not race"
     minters = {info.get("mvsink.replica") for info in DeltaTable(timeline).history() if "mvsink.entry" in info}
