@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         outcome = runner.run(case)
         cases, views, times = cases + 1, views + len(case.views) + len(case.late), times + outcome.times_compared
         print(f"case {seed}: {len(case.views)} views, {outcome.times_compared} times compared, "
-              f"{len(outcome.failures)} failed, {outcome.seconds:.0f}s", flush=True)
+              f"{len(outcome.failures)} failed, {outcome.seconds:.0f}s; strategies "
+              f"{sorted(set().union(*outcome.strategies.values()))}", flush=True)
         for failure in outcome.failures:
             failed[failure.kind, failure.family] += 1
             print(f"  FAILED view {failure.view} ({failure.family}, {failure.replica}): {failure.kind} at time "

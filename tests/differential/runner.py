@@ -165,11 +165,12 @@ class Runner:
         return outcome
 
     def _valid(self, sql: str, paths: dict[str, str]) -> None:
-        """Raises, marked as invalid SQL, if Spark cannot analyze ``sql`` (a grammar defect)."""
+        """Raises, marked as invalid SQL, if Spark cannot evaluate ``sql`` over the sources (a
+        defect of the grammar's, or of Spark's: not mvsink's)."""
         for table in sources_read(sql):
             self.spark.read.format("delta").load(paths[table]).createOrReplaceTempView(table)
         try:
-            self.spark.sql(sql).schema
+            self.spark.sql(sql).collect()
         except Exception as exc:
             exc.invalid_sql = True
             raise
