@@ -195,7 +195,7 @@ class Runner:
             got = _rows(read_view(self.spark, target, view.view_id, at))
             if got != expected:
                 return upper, (f"time {at} (source versions {versions}): rows it has too many "
-                               f"{dict(got - expected)}, too few {dict(expected - got)}")
+                               f"{_some(got - expected)}, too few {_some(expected - got)}")
         return upper, None
 
 
@@ -211,6 +211,13 @@ def _catch_up(materialized, max_steps: int = 50) -> set[str]:
                 and last.versions == materialized.desired.latest_versions()):
             return taken
     raise RuntimeError(f"did not catch up in {max_steps} steps")
+
+
+def _some(rows: Counter, most: int = 6) -> str:
+    """``rows`` (with their counts), the first ``most`` of them and how many more."""
+    items = sorted(rows.items(), key=repr)
+    more = f" and {len(items) - most} more" if len(items) > most else ""
+    return "{" + ", ".join(f"{row}: {n}" for row, n in items[:most]) + "}" + more
 
 
 def _error(exc: BaseException) -> str:
