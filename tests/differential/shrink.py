@@ -1,8 +1,9 @@
 """Shrinking a failing case to a small reproduction, and printing it.
 
 A smaller case still reproduces a failure if its one view fails the same way (same kind, and
-for a crash the same error type), whatever the time. Tried in turn, each kept while it still
-fails: the other views and late replicas dropped, the times after the failing one, each time,
+for a crash the same error type), whatever the time. The other views, late replicas, and the
+sources the view does not read (their rows and commits) are dropped first; then tried in turn,
+each kept while it still fails: the times after the failing one, each time,
 each commit, then the sources' first rows in halves, quarters, ... (delta debugging), all within
 a budget of seconds.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import time as clock
 from dataclasses import replace
 
-from .runner import Case, Failure, Runner
+from .runner import Case, Failure, Runner, sources_read
 from .tables import SCHEMAS, schema_sql, values_sql
 
 
@@ -30,7 +31,10 @@ def shrink(runner: Runner, case: Case, failure: Failure, budget_seconds: float =
                 return found
         return None
 
-    best = Case(case.seed, case.tables, [case.views[failure.view]], case.times,
+    read = sources_read(failure.sql)  # the other sources' rows and commits cannot matter: dropped unrun
+    tables = {t: spec if t in read else replace(spec, rows=[]) for t, spec in case.tables.items()}
+    times = [[c for c in commits if c.table in read] for commits in case.times]
+    best = Case(case.seed, tables, [case.views[failure.view]], [commits for commits in times if commits],
                 {0} if failure.replica == "late" else set())
     found = Failure(0, failure.sql, failure.family, failure.kind, failure.time, failure.detail, failure.replica)
 
@@ -43,8 +47,8 @@ def shrink(runner: Runner, case: Case, failure: Failure, budget_seconds: float =
             best, found = candidate, got
         return got is not None
 
-    if failure.replica == "r1" and failure.time is not None and failure.time < len(best.times):
-        attempt(replace(best, times=best.times[:failure.time]))
+    if failure.replica == "r1" and failure.time is not None:  # the times after it (of those left)
+        attempt(replace(best, times=[c for c in times[:failure.time] if c]))
     for at in reversed(range(len(best.times))):
         attempt(replace(best, times=best.times[:at] + best.times[at + 1:]))
     for at in range(len(best.times)):
@@ -72,6 +76,8 @@ def reproduction(case: Case, failure: Failure) -> str:
     lines = [f"seed {case.seed}, view {failure.view} ({family}{', its late replica' if failure.replica == 'late' else ''}):",
              f"  {sql}", f"{failure.kind} at time {failure.time}: {failure.detail}", "sources:"]
     for table, spec in case.tables.items():
+        if table not in sources_read(sql):
+            continue
         lines.append(f"  CREATE TABLE {table} ({schema_sql(table)}) USING delta TBLPROPERTIES "
                      f"(delta.enableChangeDataFeed = {str(spec.change_feed).lower()}, "
                      f"delta.enableDeletionVectors = {str(spec.deletion_vectors).lower()});")
