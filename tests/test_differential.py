@@ -59,7 +59,7 @@ def _params():
             yield pytest.param(seed, i, id=f"{seed}-{i}-{family}", marks=marks)
 
 
-@pytest.mark.parametrize("seed, view", _params())
+@pytest.mark.parametrize("seed, view", list(_params()))
 def test_view_equals_the_full_evaluation_at_every_time(outcomes, seed, view):
     """The view (and its late replica, if it has one) hydrated, then caught up after each time's
     commits: at every time its rows are the query's over the sources at that time's versions;
