@@ -34,7 +34,9 @@ optimized logical plan, every expression deterministic and no subquery, is one o
   hold ``R`` (at least one: else a key join) are read *whole*: which groups their changes touch
   is found by joining their changes with the other sources, as an inner join's change is
   (:mod:`mvsink.desired.join`), in the rows that hold a changed row (:func:`holding_rows_of`: a
-  join that would pad the change's side with nulls made one that does not; ``G(t)`` is then
+  join that would pad the change's side with nulls made one that does not, the filters above it
+  that read that side dropped: ``WHERE o_orderkey IS NULL`` passes a padded row, not the
+  matched one the change makes of it; ``G(t)`` is then
   ``R`` of those rows at ``t``, each source's own or found so), and in a recompute they are read
   in full, the sources that hold ``R`` only in ``G(t)``.
 
