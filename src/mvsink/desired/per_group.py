@@ -34,7 +34,9 @@ optimized logical plan, every expression deterministic and no subquery, is one o
   hold ``R`` (at least one: else a key join) are read *whole*: which groups their changes touch
   is found by joining their changes with the other sources, as an inner join's change is
   (:mod:`mvsink.desired.join`), in the rows that hold a changed row (:func:`holding_rows_of`: a
-  join that would pad the change's side with nulls made one that does not; ``G(t)`` is then
+  join that would pad the change's side with nulls made one that does not, the filters above it
+  that read that side dropped: ``WHERE o_orderkey IS NULL`` passes a padded row, not the
+  matched one the change makes of it; ``G(t)`` is then
   ``R`` of those rows at ``t``, each source's own or found so), and in a recompute they are read
   in full, the sources that hold ``R`` only in ``G(t)``.
 
@@ -77,8 +79,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from mvsink.desired.aggregate_top import Catalyst
-from mvsink.desired.row_wise import (ROW_WISE_NODES, conjuncts, leaf_columns, plan_is_row_wise, scala_items,
-                                     under_row_wise)
+from mvsink.desired.row_wise import (ROW_WISE_NODES, conjuncts, leaf_columns, plan_is_row_wise, references,
+                                     scala_items, under_row_wise)
 
 #: Aggregate functions (Catalyst's names) whose result does not depend on the order of the rows.
 ORDER_FREE = frozenset({"Min", "Max", "Count", "Percentile", "HyperLogLogPlusPlus"})
@@ -377,9 +379,18 @@ def holding_rows_of(result: DataFrame, rows: DataFrame) -> DataFrame:
     row of ``rows`` on a side they keep is in every row it makes. ``rows``' leaf is the one with its
     columns (the optimizer keeps their ids). Where no join needs changing (inner joins alone), or
     the optimizer dropped the leaf (a left join none of whose right side's columns the query
-    reads), ``result`` as it is."""
+    reads), ``result`` as it is.
+
+    A filter above such a join that reads the side it padded (``WHERE o_orderkey IS NULL``: an
+    anti-join written as an outer join) tells the padded rows from the matched ones: the rows a
+    change of ``rows`` makes or ends are the other side's rows it matches, padded before and
+    matched after or the reverse, which the filter passes in one form only. Its conjuncts that
+    read that side (or a column computed from it) are dropped (:func:`_unfiltered`): the rows kept
+    are every row the change matches, a superset of those whose groups it moves (recomputing a
+    group it did not move changes nothing)."""
     ids = {a.exprId().id() for a in scala_items(rows._jdf.queryExecution().analyzed().output())}
     nodes = Catalyst(result.sparkSession.sparkContext._jvm)
+    padded: set[int] = set()  # the output of the sides the changed joins padded
 
     def holds(node) -> bool:
         """Whether ``rows``' leaf (the one with its columns) is under ``node``."""
@@ -389,7 +400,39 @@ def holding_rows_of(result: DataFrame, rows: DataFrame) -> DataFrame:
         return any(a.exprId().id() in ids for a in scala_items(node.output()))
 
     def holding(join) -> str | None:
-        return _HOLDING.get(join.joinType().toString(), (None, None))[holds(join.right())] if holds(join) else None
+        if not holds(join):
+            return None
+        right = holds(join.right())
+        kind = _HOLDING.get(join.joinType().toString(), (None, None))[right]
+        if kind == "Inner":
+            padded.update(a.exprId().id() for a in scala_items((join.right() if right else join.left()).output()))
+        return kind
 
     plan = nodes.rejoined(result._jdf.queryExecution().optimizedPlan(), holding)
-    return nodes.frame(result, plan) if plan is not None else result
+    if plan is None:
+        return result
+    return nodes.frame(result, _unfiltered(nodes, plan, padded) if padded else plan)
+
+
+def _unfiltered(nodes: Catalyst, plan, padded: set[int]):
+    """``plan`` without the conjuncts of its filters that read an attribute of ids ``padded``, or
+    one a projection computes from them (a filter left with none is dropped)."""
+    tainted = set(padded)
+
+    def rebuilt(node):
+        children = scala_items(node.children())
+        below = [rebuilt(child) for child in children]
+        if any(new is not old for new, old in zip(below, children)):
+            node = node.withNewChildren(nodes.seq(below))
+        name = node.nodeName()
+        if name == "Project":
+            tainted.update(named.exprId().id() for named in scala_items(node.projectList())
+                           if named.nodeName() == "Alias" and references(named.child()) & tainted)
+        elif name == "Filter":
+            every = conjuncts(node.condition())
+            kept = [c for c in every if not references(c) & tainted]
+            if len(kept) < len(every):
+                return nodes.logical.Filter(reduce(nodes.and_, kept), node.child()) if kept else node.child()
+        return node
+
+    return rebuilt(plan)

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 class Fallback:
     """Why a step of a query view evaluated the query in full: ``kind`` one of ``policy`` (refresh
     full), ``query`` (no strategy maintains it), ``change share`` and ``cost`` (``auto``'s choice),
-    ``unreadable`` (the sources' changes cannot be read); ``why`` in words."""
+    ``unreadable`` (the sources' changes cannot be read), ``failed`` (the maintained step raised,
+    under any policy: :meth:`~mvsink.desired.snapshot.SnapshotDesired.changes`); ``why`` in words."""
 
     kind: str
     why: str

@@ -102,9 +102,27 @@ def conjuncts(expression) -> list:
     return [expression]
 
 
+#: Filters Spark's optimizer adds to a join's side from the other side's rows (a runtime bloom
+#: filter, dynamic partition pruning): they hold a subquery, but only drop rows the join drops,
+#: as the query reads them the same with or without (their subquery is not the query's).
+RUNTIME_FILTERS = frozenset({"BloomFilterMightContain", "DynamicPruningSubquery"})
+
+
 def plan_reads_subqueries(result: DataFrame, plan) -> bool:
-    """Whether some expression of the logical ``plan`` (of ``result``) holds a plan: a subquery."""
-    return plan.containsPattern(_plan_expression_pattern(result))
+    """Whether some expression of the logical ``plan`` (of ``result``) holds a plan: a subquery,
+    not one of a filter the optimizer added (:data:`RUNTIME_FILTERS`: it adds them where a side's
+    scan is large, or its size unknown, as a table with deletion vectors is, so the plans of one
+    query over the sources and over a step's rows differ by them)."""
+    pattern = _plan_expression_pattern(result)
+    if not plan.containsPattern(pattern):
+        return False
+
+    def reads(node) -> bool:
+        expressions = (conjuncts(node.condition()) if node.nodeName() == "Filter"
+                       else scala_items(node.expressions()))
+        return (any(e.nodeName() not in RUNTIME_FILTERS and e.containsPattern(pattern) for e in expressions)
+                or any(reads(child) for child in scala_items(node.children())))
+    return reads(plan)
 
 
 def _plan_expression_pattern(result: DataFrame):

@@ -68,7 +68,8 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.correction import checkpointed, held_observing
+from mvsink import failpoints
+from mvsink.correction import checkpointed, held_observing, state_lost
 from mvsink.desired.arrow_dimension import ArrowDimension
 from mvsink.desired.arrow_groups import MOST_GROUPS, ArrowGroups, Step, arrow_groups
 from mvsink.desired.arrow_plan import ArrowPlan, NotEvaluated, NotTranslated, arrow_schema
@@ -658,11 +659,9 @@ class SnapshotDesired(Desired):
             started, self._setup_seconds = monotonic(), 0.0
             try:
                 changes = replace(from_feed(times), strategy=strategy, change_share=share)
+                failpoints.hit("maintained-changes")
             except Exception as exc:
-                reason = unreadable(exc)
-                if reason is None:
-                    raise
-                fallback = Fallback("unreadable", f"the changes of its sources cannot be read ({reason})")
+                fallback = self._failed(exc, lo, hi)
             else:
                 if self.auto is not None:
                     self.auto.observed(False, monotonic() - started - self._setup_seconds, len(times))
@@ -677,6 +676,33 @@ class SnapshotDesired(Desired):
         if self.auto is not None:
             self.auto.observed(True, monotonic() - started, evaluations)
         return changes
+
+    def _failed(self, exc: Exception, lo: int, hi: int) -> Fallback:
+        """Why times ``lo``..``hi``, whose maintained step raised ``exc``, are evaluated in full:
+        their sources' changes cannot be read, or the strategy failed (logged with ``exc``; what
+        the strategies hold is dropped, as the failed step may have moved part of it). A
+        configuration error (a fence among them), a cancelled job (a stop) or held state lost with
+        an executor (the sink hydrates again) is raised: full evaluation would not help."""
+        reason = unreadable(exc)
+        if reason is not None:
+            return Fallback("unreadable", f"the changes of its sources cannot be read ({reason})")
+        if isinstance(exc, ConfigError) or state_lost(exc) or _cancelled(exc):
+            raise exc
+        log.warning("view %r: times %d..%d evaluated in full: its strategy failed: %s: %s", self.view.view_id,
+                    lo, hi, type(exc).__name__, _first_line(exc), exc_info=exc)
+        self._drop_held()
+        return Fallback("failed", f"its strategy failed ({type(exc).__name__}: {_first_line(exc)[:300]})")
+
+    def _drop_held(self) -> None:
+        """Forget what the strategies hold from one step to the next: a linear aggregate's groups'
+        state (and the one below's), the rest of its join held by its dimension's keys, a
+        recomputed aggregate's input held here, whether the source's keys were unique. The next
+        maintained step holds them again, from the sources at the time before it."""
+        self._state = self._state_time = self._state_arrow = self._below_state = None
+        self._inputs = self._inputs_rest = self._inputs_time = None
+        self._source_keys_known = None
+        if self._rest is not None:
+            self._rest.time = None
 
     def _change_size(self, times: list[int]) -> ChangeSize | None:
         """The change at ``times`` in bytes against the sources' bytes after it
@@ -1558,6 +1584,12 @@ def _delta_tables(frame: DataFrame, analyzed: bool = False) -> set[str]:
 def _table_path(uri: str) -> str:
     """A table's URI as a plan names it: no ``file:`` scheme, no trailing slash."""
     return uri.rstrip("/").removeprefix("file:")
+
+
+def _cancelled(exc: Exception) -> bool:
+    """Whether ``exc`` is a Spark job cancelled (a stop cancels a running step's jobs)."""
+    text = str(exc).lower()
+    return "cancelled" in text or "canceled" in text
 
 
 def _first_line(exc: Exception) -> str:
