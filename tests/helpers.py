@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 
 from functools import reduce
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,13 +26,41 @@ JOB = ROOT / "mvsink_job.py"
 
 
 def create_source(spark, path: str, rows: list[tuple] | None = None, schema: str = "id BIGINT, v STRING") -> None:
-    """A Delta source table with the change data feed on and deletion vectors off."""
+    """A Delta source table with the change data feed on and deletion vectors off. A local one
+    is a copy of the table made once a test process for its schema and rows (by their SQL text:
+    ``-0.0`` is not ``0.0``): a path-based Delta table's log names its files relative to it, and
+    creating it by Spark took two commits (one to three seconds under load) for each of hundreds of tests."""
+    values = _values(rows or [])
+    if "://" in path:
+        _create_source(spark, path, schema, values)
+        return
+    template = _SOURCE_TEMPLATES.get((schema, values))
+    if template is None:
+        template = os.path.join(_source_templates_dir(), str(len(_SOURCE_TEMPLATES)))
+        _create_source(spark, template, schema, values)
+        _SOURCE_TEMPLATES[schema, values] = template
+    shutil.copytree(template, path)
+
+
+#: The tables :func:`create_source` copies, by schema and rows: made once a test process.
+_SOURCE_TEMPLATES: dict[tuple[str, str], str] = {}
+
+
+def _source_templates_dir() -> str:
+    """A directory of this process for :data:`_SOURCE_TEMPLATES`, removed at its exit."""
+    if not hasattr(_source_templates_dir, "path"):
+        _source_templates_dir.path = tempfile.mkdtemp(prefix="mvsink-test-sources-")
+        atexit.register(shutil.rmtree, _source_templates_dir.path, True)
+    return _source_templates_dir.path
+
+
+def _create_source(spark, path: str, schema: str, values: str) -> None:
     spark.sql(
         f"CREATE TABLE delta.`{path}` ({schema}) USING delta TBLPROPERTIES "
         "(delta.enableChangeDataFeed = true, delta.enableDeletionVectors = false)"
     )
-    if rows:
-        insert(spark, path, rows)
+    if values:
+        spark.sql(f"INSERT INTO delta.`{path}` VALUES {values}")
 
 
 def vacuum_all(spark, path: str) -> None:
@@ -42,8 +73,12 @@ def vacuum_all(spark, path: str) -> None:
 
 
 def insert(spark, path: str, rows: list[tuple]) -> None:
-    values = ", ".join("(" + ", ".join(_sql(v) for v in row) + ")" for row in rows)
-    spark.sql(f"INSERT INTO delta.`{path}` VALUES {values}")
+    spark.sql(f"INSERT INTO delta.`{path}` VALUES {_values(rows)}")
+
+
+def _values(rows: list[tuple]) -> str:
+    """``rows`` as the SQL of a ``VALUES`` list."""
+    return ", ".join("(" + ", ".join(_sql(v) for v in row) + ")" for row in rows)
 
 
 def _sql(value) -> str:
@@ -660,42 +695,79 @@ def query_results_at_every_time(spark, src: str | dict[str, str], sql: str, view
     by Spark over the Delta tables as of those versions. With ``key``: its ok rows are the
     result's rows whose key has no null, and its errors one per such row with a null and one per
     key with several rows (computed here in SQL over the result, not by mvsink's code); a key
-    with several rows has none of them among the ok rows (they are withheld while it does)."""
+    with several rows has none of them among the ok rows (they are withheld while it does).
+
+    Every time's results are read by one Spark job (:func:`_at_every_time`), the query's and each
+    view's: a job per time and side was most of the check's time."""
     from collections import Counter
+
+    from pyspark.sql import functions as F
 
     from mvsink import read_view, view_errors
     from mvsink.check import TimelineReader
 
+    if upper == 0:
+        return
     sources = {"src": src} if isinstance(src, str) else src
     reader = TimelineReader(timeline)
+    results = []
     for at in range(upper):
         for name, version in reader.versions(at).items():
             spark.read.format("delta").option("versionAsOf", version).load(sources[name]).createOrReplaceTempView(name)
-        result = spark.sql(sql)
-        rows = [tuple(r) for r in result.collect()]
-        expected_errors = Counter()
-        at_key = [result.columns.index(k) for k in key]
-        keys = Counter(tuple(row[i] for i in at_key) for row in rows) if key else Counter()
-        if any(None in k or n > 1 for k, n in keys.items()):  # the errors' messages, by Spark
-            from pyspark.sql import functions as F
-
-            null_key = reduce(lambda a, b: a | b, [F.col(k).isNull() for k in key])
-            message = F.to_json(F.struct(*result.columns), {"ignoreNullFields": "false"})
-            nulls = result.where(null_key).select(F.concat(F.lit(f"null in key column(s) {list(key)} of row "), message))
+        results.append(spark.sql(sql))  # analyzed now: it keeps these versions' tables
+    columns = results[0].columns
+    rows_at = _at_every_time(spark, results)
+    expected_errors_at = {at: Counter() for at in range(upper)}
+    at_key = [columns.index(k) for k in key]
+    if key and any(None in k or n > 1 for rows in rows_at.values()
+                   for k, n in Counter(tuple(row[i] for i in at_key) for row in rows).items()):
+        # the errors' messages, by Spark
+        null_key = reduce(lambda a, b: a | b, [F.col(k).isNull() for k in key])
+        message = F.to_json(F.struct(*columns), {"ignoreNullFields": "false"})
+        errors = []
+        for result in results:
+            nulls = result.where(null_key).select(F.concat(F.lit(f"null in key column(s) {list(key)} of row "),
+                                                           message))
             duplicates = (result.where(~null_key).groupBy(*key).count().where(F.col("count") > 1)
                           .select(F.concat(F.lit("duplicate key "), F.to_json(F.struct(*key)), F.lit(": "),
                                            F.col("count").cast("string"), F.lit(" rows"))))
-            expected_errors = Counter(r[0] for r in nulls.union(duplicates).collect())
-            rows = [row for row in rows if keys[key_of := tuple(row[i] for i in at_key)] == 1 and None not in key_of]
-        expected = Counter(rows)
-        for view_id, target in views.items():
-            got = Counter(tuple(r) for r in read_view(spark, target, view_id, at, errors="ignore" if key else "raise")
-                          .collect())
+            errors.append(nulls.union(duplicates))
+        expected_errors_at = {at: Counter(r[0] for r in rows) for at, rows in _at_every_time(spark, errors).items()}
+        rows_at = {at: _rows_of_unique_keys(rows, at_key) for at, rows in rows_at.items()}
+    for view_id, target in views.items():
+        got_at = _at_every_time(spark, [read_view(spark, target, view_id, at, errors="ignore" if key else "raise")
+                                        for at in range(upper)])
+        errors_at = _at_every_time(spark, [view_errors(spark, target, at) for at in range(upper)]) if key else {}
+        for at in range(upper):
+            got, expected = Counter(got_at[at]), Counter(rows_at[at])
             assert got == expected, (f"view {view_id} at time {at}: rows it has too many "
                                      f"{dict(got - expected)}, too few {dict(expected - got)}")
             if key:
-                errors = Counter(r[0] for r in view_errors(spark, target, at).collect())
-                assert errors == expected_errors, f"view {view_id}'s errors at time {at}"
+                assert Counter(r[0] for r in errors_at[at]) == expected_errors_at[at], \
+                    f"view {view_id}'s errors at time {at}"
+
+
+def _rows_of_unique_keys(rows: list[tuple], at_key: list[int]) -> list[tuple]:
+    """The rows whose key (the columns at ``at_key``) has no null and no other row: a view's ok
+    rows, a violated key's being withheld."""
+    from collections import Counter
+
+    keys = Counter(tuple(row[i] for i in at_key) for row in rows)
+    return [row for row in rows if keys[key_of := tuple(row[i] for i in at_key)] == 1 and None not in key_of]
+
+
+def _at_every_time(spark, frames: list) -> dict[int, list[tuple]]:
+    """The rows of each of ``frames`` (one per time, of one schema) by its index, by one Spark job
+    over their union all, each row tagged with its frame's index."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql import functions as F
+
+    tagged = reduce(DataFrame.unionAll, [frame.select(F.lit(at).alias("_mvsink_test_time"), "*")
+                                         for at, frame in enumerate(frames)])
+    rows_at: dict[int, list[tuple]] = {at: [] for at in range(len(frames))}
+    for row in tagged.collect():
+        rows_at[row[0]].append(tuple(row[1:]))
+    return rows_at
 
 
 def from_the_feed(spark, tmp_path, src: str, sql: str, edit: Callable[[], None], rounds: int, rng,

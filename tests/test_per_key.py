@@ -55,6 +55,14 @@ def unchanged_sources(spark, tmp_path_factory) -> dict[str, str]:
     return _sources(spark, tmp_path_factory.mktemp("key_join_sources"))
 
 
+@pytest.fixture(scope="module")
+def held_rows(spark, unchanged_sources) -> dict:
+    """Rows held in Spark (none) for each of :func:`unchanged_sources`, in its columns, as a view
+    holds them: made once (a Spark job each)."""
+    return {name: spark.read.format("delta").load(path).limit(0).localCheckpoint(eager=True)
+            for name, path in unchanged_sources.items()}
+
+
 @pytest.mark.parametrize("sql, keys", [
     (LEFT, BY_CUST),
     ("SELECT o.id, c.segment FROM customers c RIGHT JOIN orders o ON c.cust = o.cust", BY_CUST),
@@ -93,24 +101,22 @@ def unchanged_sources(spark, tmp_path_factory) -> dict[str, str]:
         "groups-span-keys", "padded-key", "no-group-by", "non-equi", "computed", "two-keys", "rand", "self",
         "double-sum", "over-aggregate", "over-aggregate-by-more", "over-aggregate-result", "over-float-sum",
         "over-aggregate-of-join"])
-def test_which_queries_are_key_joins(spark, unchanged_sources, sql, keys):
+def test_which_queries_are_key_joins(spark, unchanged_sources, held_rows, sql, keys):
     """Over rows held in Spark, each source read once, as a view checks it."""
-    over_sources, shape, _ = _shapes(spark, unchanged_sources, sql, per_group)
+    over_sources, shape, _ = _shapes(spark, unchanged_sources, held_rows, sql, per_group)
     assert shape == (PerGroup(keys) if keys else None)
     if keys is not None:  # the shape checked over the sources first
         assert over_sources is not None
 
 
-def _shapes(spark, sources: dict[str, str], sql: str, shape: Callable):
-    """``shape(query, scan, names)`` of ``sql`` over the ``sources``' tables, and over rows held in
-    Spark for each (none), registered under the sources' names, as a view checks it; and the
-    names of those rows' leaves (by their RDDs' ids)."""
+def _shapes(spark, sources: dict[str, str], held: dict, sql: str, shape: Callable):
+    """``shape(query, scan, names)`` of ``sql`` over the ``sources``' tables, and over the rows
+    ``held`` in Spark for each (:func:`held_rows`), registered under the sources' names, as a view
+    checks it; and the names of those rows' leaves (by their RDDs' ids)."""
     for name, path in sources.items():
         spark.read.format("delta").load(path).createOrReplaceTempView(name)
     over_sources = shape(spark.sql(sql), TABLE_SCAN, None)
-    held = {}
     for name in sources:
-        held[name] = spark.table(name).limit(0).localCheckpoint(eager=True)
         held[name].createOrReplaceTempView(name)
     names = {rows._jdf.queryExecution().optimizedPlan().rdd().id(): name for name, rows in held.items()}
     return over_sources, shape(spark.sql(sql), HELD_ROWS, names), names
@@ -144,10 +150,11 @@ BY_TOP = "SELECT top, count(*) AS n FROM (SELECT cust, max(amount) AS top FROM o
      "GROUP BY c.segment", None),                                            # over a non-equi join
 ], ids=["by-order-count", "by-segment", "by-top", "max-over", "float-sum-over", "over-inner-join-groups",
         "over-left-join-groups", "over-non-equi"])
-def test_which_queries_are_linear_aggregates_of_groups(spark, unchanged_sources, sql, keys):
+def test_which_queries_are_linear_aggregates_of_groups(spark, unchanged_sources, held_rows, sql, keys):
     """A linear aggregate over a per-group query, over rows held in Spark, each source read once,
     as a view checks it (and over the sources first)."""
-    shape_over_sources, (aggregate, shape), names = _shapes(spark, unchanged_sources, sql, aggregate_of_groups)
+    shape_over_sources, (aggregate, shape), names = _shapes(spark, unchanged_sources, held_rows, sql,
+                                                            aggregate_of_groups)
     assert shape == (keys if isinstance(keys, PerGroup) else PerGroup(keys) if keys else None)
     assert (aggregate is not None) == (keys is not None) == (shape_over_sources[0] is not None)
     assert per_group(spark.sql(sql), HELD_ROWS, names) is None  # not per-group itself
@@ -220,11 +227,11 @@ SEGMENT_ANTI = ("SELECT c.segment, max(c.cust) AS top, count(*) AS n FROM custom
 ], ids=["segment-max", "paid-max", "by-order-having", "held-by-two", "each-by-one", "one-holds-both", "computed",
         "rand", "float-sum", "non-equi", "no-group-by", "self", "segment-left", "segment-left-left", "segment-anti",
         "cust-left-left", "held-with-padded", "right", "padded-group", "padded-side-holds", "full"])
-def test_which_queries_are_aggregates_of_inner_joins(spark, unchanged_sources, sql, keys, whole, grouping):
+def test_which_queries_are_aggregates_of_inner_joins(spark, unchanged_sources, held_rows, sql, keys, whole, grouping):
     """Over rows held in Spark, each source read once, as a view checks it (and over the sources
     first): the grouping columns the sources that hold them restrict by (those the most sources
     hold), those sources with their columns, and the sources read whole."""
-    over_sources, shape, _ = _shapes(spark, unchanged_sources, sql, per_group)
+    over_sources, shape, _ = _shapes(spark, unchanged_sources, held_rows, sql, per_group)
     assert shape == (PerGroup(keys, whole, grouping) if keys else None)
     if keys is not None:  # the shape checked over the sources first (which leaf is which source only after)
         assert over_sources is not None and shape.strategy == "per-group recompute"
