@@ -45,7 +45,7 @@ def test_an_anti_join_follows_its_padded_side(spark, tmp_path, strategies):
     sources = {"customer": str(tmp_path / "customer"), "orders": str(tmp_path / "orders")}
     create_source(spark, sources["customer"], CUSTOMER, "c_custkey BIGINT, c_nationkey BIGINT")
     create_source(spark, sources["orders"], ORDERS, "o_orderkey BIGINT, o_custkey BIGINT, o_shippriority INT")
-    views = {name: MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=sql),
+    views = {name: MaterializedView(spark, ViewDefinition(name, str(tmp_path / name), SnapshotInput(sql=sql, refresh="incremental"),
                                                           sources=sources, replica_id="r1"))
              for name, sql in ANTI_JOINS.items()}
     orders = sources["orders"]
@@ -97,7 +97,7 @@ def test_an_aggregate_under_an_expression_over_sources_with_deletion_vectors(spa
                              [(p, s) for p in range(1, 4) for s in range(1, 5)])
 
     def view(replica: str) -> MaterializedView:
-        return MaterializedView(spark, ViewDefinition("v", str(tmp_path / "v"), SnapshotInput(sql=DISCOUNTS),
+        return MaterializedView(spark, ViewDefinition("v", str(tmp_path / "v"), SnapshotInput(sql=DISCOUNTS, refresh="incremental"),
                                                       sources=sources, replica_id=replica))
     first, late = view("r1"), view("r2")
     first.run_until_caught_up()
