@@ -85,6 +85,7 @@ def random_tables(rng: random.Random) -> dict[str, TableSpec]:
 
 
 def sql_literal(value) -> str:
+    """``value`` as an exact SQL literal (a Decimal as a `BD` literal, never a double)."""
     if value is None:
         return "NULL"
     if isinstance(value, str):
@@ -97,6 +98,7 @@ def sql_literal(value) -> str:
 
 
 def values_sql(rows: list[tuple]) -> str:
+    """``rows`` as the SQL of a ``VALUES`` list."""
     return ", ".join("(" + ", ".join(sql_literal(v) for v in row) + ")" for row in rows)
 
 
