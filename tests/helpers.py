@@ -742,7 +742,7 @@ def query_results_at_every_time(spark, src: str | dict[str, str], sql: str, view
                                            F.col("count").cast("string"), F.lit(" rows"))))
             errors.append(nulls.union(duplicates))
         expected_errors_at = {at: Counter(r[0] for r in rows) for at, rows in _at_every_time(spark, errors).items()}
-        rows_at = {at: _rows_of_unique_keys(rows, at_key) for at, rows in rows_at.items()}
+        rows_at = {at: rows_of_unique_keys(rows, at_key) for at, rows in rows_at.items()}
     for view_id, target in views.items():
         got_at = _at_every_time(spark, [read_view(spark, target, view_id, at, errors="ignore" if key else "raise")
                                         for at in range(upper)])
@@ -756,7 +756,7 @@ def query_results_at_every_time(spark, src: str | dict[str, str], sql: str, view
                     f"view {view_id}'s errors at time {at}"
 
 
-def _rows_of_unique_keys(rows: list[tuple], at_key: list[int]) -> list[tuple]:
+def rows_of_unique_keys(rows: list[tuple], at_key: list[int]) -> list[tuple]:
     """The rows whose key (the columns at ``at_key``) has no null and no other row: a view's ok
     rows, a violated key's being withheld."""
     from collections import Counter

@@ -12,6 +12,9 @@ import signal
 import subprocess
 import sys
 
+import pyarrow as pa
+from deltalake import write_deltalake
+
 from helpers import JOB, ROOT, Replica, log_history, stop_all, wait_for
 from mvsink.check import caught_up, check_table
 from mvsink.pipeline import read_config
@@ -112,6 +115,7 @@ def test_two_replicas_a_kill_and_a_promoted_changed_pipeline(spark, tmp_path):
 
 
 def test_a_bad_pipeline_stops_the_job_at_start(tmp_path):
+    write_deltalake(str(tmp_path / "orders"), pa.table({"id": pa.array([1], pa.int64())}))  # a good source
     (tmp_path / "pipeline.yaml").write_text(f"sources: {{orders: {tmp_path}/orders}}\ntargets: views\n")
     (tmp_path / "v.sql").write_text("-- a view\nCREATE MATERIALIZED VIEW v AS SELECT * FROM nope")
     done = subprocess.run([sys.executable, str(JOB), "--pipeline", str(tmp_path)], capture_output=True,

@@ -12,7 +12,7 @@ import pytest
 
 from deltalake import DeltaTable
 
-from helpers import create_source, duckdb_with_delta, insert, read_plainly_at_every_time
+from helpers import create_source, duckdb_with_delta, insert, read_plainly_at_every_time, rows_of_unique_keys
 from mvsink import ChangesInput, MaterializedView, ViewDefinition
 from mvsink.check import expected_from_source
 from mvsink.target.read import plain_sql, version_of_time, view_since, view_upper
@@ -23,7 +23,11 @@ def test_any_delta_reader_reads_the_table_as_the_view_at_every_version(spark, tm
     create_source(spark, src, [(i, f"v{i}") for i in range(6)])
     view = ViewDefinition("plain", tgt, ChangesInput(src), key=("id",), replica_id="r1")
     mv = MaterializedView(spark, view)
-    expected = expected_from_source(src, ["id", "v"], timeline=view.timeline)
+    from_source = expected_from_source(src, ["id", "v"], timeline=view.timeline)
+
+    def expected(t: int) -> Counter:  # the rows of a violated key (11 while it repeats) withheld
+        return Counter(rows_of_unique_keys(list(from_source(t).elements()), [0]))
+
     con = duckdb_with_delta()
     edits = [
         lambda: insert(spark, src, [(10, "x"), (11, None), (11, None)]),

@@ -384,7 +384,9 @@ class ComputeState:
             if frontier is not None and (last is None or frontier > last):
                 self._reported[running.view_id] = frontier
                 self.conn.send(FrontierUpper(running.view_id, frontier))
-            if frontier is not None and running.view_id not in self._hydrated:
+            # Hydrated once the hydration's step ended (its frontier is set as it begins): a
+            # controller connecting during it gets the status that says so when it ends.
+            if frontier is not None and not running.view.hydration.running and running.view_id not in self._hydrated:
                 self._hydrated.add(running.view_id)
                 status_changed = True
         if status_changed:
