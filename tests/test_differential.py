@@ -19,11 +19,7 @@ CI_SEEDS = (1490, 1567, 4887)
 CASES = {seed: random_case(seed, views=6, late=1) for seed in CI_SEEDS}
 CHANGE_KINDS = {"insert", "update", "move", "delete", "reinsert", "replace", "merge", "optimize", "feed"}
 #: Views of the CI seeds that fail by a defect being fixed elsewhere, by (seed, view): why.
-KNOWN_DEFECTS: dict[tuple[int, int], str] = {
-    (1490, 5): "hydrating a correlated scalar count subquery (SELECT count(*) FROM lineitem s WHERE s.l_orderkey = "
-               "o.o_orderkey) fails in Spark's optimizer: NoSuchElementException key not found: l_orderkey "
-               "(UnionBase.rewriteConstraints, at localCheckpoint)",
-}
+KNOWN_DEFECTS: dict[tuple[int, int], str] = {}
 
 
 def test_the_seeds_reach_every_operator_and_change():

@@ -111,7 +111,7 @@ def test_an_aggregate_under_an_expression_over_sources_with_deletion_vectors(spa
     late.run_until_caught_up()
     # the view's own session plans no runtime bloom filter: the optimizer put one (a Spark job) on
     # each side of unknown size in the strategy's terms, stacked: 10-20 s a step over these 60 rows
-    assert first.desired._session().conf.get("spark.sql.optimizer.runtime.bloomFilter.enabled") == "false"
+    assert first.desired.session().conf.get("spark.sql.optimizer.runtime.bloomFilter.enabled") == "false"
     query_results_at_every_time(spark, sources, DISCOUNTS, {"v": str(tmp_path / "v")}, str(tmp_path / "v_timeline"),
                                 first.observed_upper)
     assert strategies and "full evaluation" not in strategies, strategies

@@ -198,7 +198,7 @@ class MaterializedView:
         self._state_lost_at: float | None = None
         self.upkeep = Upkeep(Retention.parse(view.retain_history))
         self.metrics = ViewMetrics()
-        self.correction = CorrectionBuffer(spark, self.schema)
+        self.correction = CorrectionBuffer(self.desired.session(), self.schema)  # unions optimized as the view's plans are
         self.readback = ReadBack(spark, self.shard, self.schema, self.layout)
         #: The running (or last) step's profile.
         self._profile = StepProfile(spark)

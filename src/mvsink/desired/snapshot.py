@@ -478,28 +478,38 @@ class SnapshotDesired(Desired):
         """Whether some strategy computes the changes from the sources' changes."""
         return self.row_wise or self.join or self.aggregate is not None or self.per_group is not None
 
-    def _session(self) -> SparkSession:
+    def session(self) -> SparkSession:
         """The session the query runs in: for SQL, one of the view's own (its sources' names), with
-        Spark's runtime bloom filters off. The optimizer adds them to a join side whose size it does
-        not know (a source with deletion vectors, a change data feed), a Spark job each; the
-        strategies take their terms from optimized plans and so stacked them, filters within
-        filters: a step over 60 rows ran some 50 jobs in 10-20 s, against 2-4 s without. The
-        maintained terms read the other sides already pruned to the change's keys."""
+        two of Spark's optimizations off, both bad for plans made of the query's plan:
+
+        * Runtime bloom filters. The optimizer adds them to a join side whose size it does not
+          know (a source with deletion vectors, a change data feed), a Spark job each; the
+          strategies take their terms from optimized plans and so stacked them, filters within
+          filters: a step over 60 rows ran some 50 jobs in 10-20 s, against 2-4 s without. The
+          maintained terms read the other sides already pruned to the change's keys.
+        * Constraint propagation. A correlated scalar subquery under an alias gives its projection
+          a constraint holding the subquery's join condition, and a ``Union`` over that projection
+          (the buffer folding the query's rows in, a step's rows before and after) fails to
+          rewrite it (Spark 4.0: ``NoSuchElementException: key not found`` in
+          ``UnionBase.rewriteConstraints``): the view could never hydrate. What it infers (null
+          checks, filters carried across a join's equality) the terms' explicit key ranges
+          already give; no step measured slower without it."""
         if self.input.sql is None:
             return self.spark
         if self._sql_session is None:
             self._sql_session = self.spark.newSession()
             self._sql_session.conf.set("spark.sql.optimizer.runtime.bloomFilter.enabled", "false")
+            self._sql_session.conf.set("spark.sql.constraintPropagation.enabled", "false")
         return self._sql_session
 
     def _contents(self, versions: dict[str, int], given: dict[str, DataFrame] | None = None) -> DataFrame:
         """The query over the sources at ``versions``, those in ``given`` given those rows instead."""
         given = given or {}
-        return self._query({n: given[n] if n in given else self.read_source(n, versions[n], self._session())
+        return self._query({n: given[n] if n in given else self.read_source(n, versions[n], self.session())
                             for n in self.sources})
 
     def _query(self, sources: dict[str, DataFrame]) -> DataFrame:
-        """The query over ``sources`` (name -> rows, in :meth:`_session`)."""
+        """The query over ``sources`` (name -> rows, in :meth:`session`)."""
         where = f"view {self.view.view_id!r}"
         try:
             if self.input.views:
@@ -530,7 +540,7 @@ class SnapshotDesired(Desired):
 
     def _user_schema(self) -> T.StructType:
         versions = self.schema_versions()
-        rows = {name: self.read_source(name, versions[name], self._session()) for name in self.sources}
+        rows = {name: self.read_source(name, versions[name], self.session()) for name in self.sources}
         result = self._query(rows)
         tables = {table: name for name, frame in rows.items() for table in _delta_tables(frame, analyzed=True)}
         self.read = tuple(name for name in self.sources if name in {tables.get(t) for t in _delta_tables(result)})
@@ -560,7 +570,7 @@ class SnapshotDesired(Desired):
         it has the shape it has over the sources, reads what it is given, not a table itself,
         and can be applied to the sources' changes."""
         versions = self.schema_versions()
-        return {name: self.read_source(name, versions[name], self._session()).limit(0).localCheckpoint(eager=True)
+        return {name: self.read_source(name, versions[name], self.session()).limit(0).localCheckpoint(eager=True)
                 for name in self.sources}
 
     def _result_at(self, time: int) -> DataFrame:
@@ -627,7 +637,7 @@ class SnapshotDesired(Desired):
     def _spark_state(self) -> DataFrame:
         """The groups' state held, as a Spark DataFrame (a local relation where it is held here)."""
         if self._state is None:
-            self._state = local_relation(self._session(), self._state_arrow, self._state_schema)
+            self._state = local_relation(self.session(), self._state_arrow, self._state_schema)
         return self._state
 
     def _arrow_state(self) -> pa.Table | None:
@@ -747,7 +757,7 @@ class SnapshotDesired(Desired):
         spans = [(t, self.timeline.versions(t - 1)[name] + 1, self.timeline.versions(t)[name]) for t in times]
         spans = [span for span in spans if span[1] <= span[2]]
         first, last = spans[0][1], spans[-1][2]
-        return source_changes(self._session(), self.sources[name], spans, first, last), first, last
+        return source_changes(self.session(), self.sources[name], spans, first, last), first, last
 
     def _join_changes(self, times: list[int]) -> Changes:
         """The terms of the query's change at each time (:meth:`_change_terms`), from each
@@ -871,7 +881,7 @@ class SnapshotDesired(Desired):
             return _within(self._pinned(name, version), cuts)
         key = _listing(name, version, cuts)
         if key not in feeds.listed_rows:
-            feeds.listed_rows[key] = read_files(self._session(), uris, self._pinned(name, version).schema)
+            feeds.listed_rows[key] = read_files(self.session(), uris, self._pinned(name, version).schema)
         return _within(feeds.listed_rows[key], cuts)
 
     def _listed(self, name: str, version: int, cuts: list[tuple[str, list[tuple], bool]],
@@ -912,7 +922,7 @@ class SnapshotDesired(Desired):
         (schema,), shared = schemas, set(listed[0]) & set(listed[1])
 
         def in_files(uris: set[str]) -> DataFrame:
-            return in_groups(_within(read_files(self._session(), sorted(uris), schema), cuts), groups, columns, feeds.small)
+            return in_groups(_within(read_files(self.session(), sorted(uris), schema), cuts), groups, columns, feeds.small)
         shared_rows = in_files(shared).repartition(*columns) if shared else None
 
         def read(uris: list[str]) -> DataFrame:
@@ -929,7 +939,7 @@ class SnapshotDesired(Desired):
         (a version that is not the newest is not cached by Delta). Versions below the one before
         the step are dropped by :meth:`_source_feeds`."""
         if (name, version) not in self._pinned_reads:
-            self._pinned_reads[name, version] = self.read_source(name, version, self._session())
+            self._pinned_reads[name, version] = self.read_source(name, version, self.session())
         return self._pinned_reads[name, version]
 
     def _aggregate_changes(self, times: list[int]) -> Changes:
@@ -1074,7 +1084,7 @@ class SnapshotDesired(Desired):
 
     def _terms_by_time(self, rows: pa.Table) -> dict[tuple[int, int], DataFrame]:
         """``rows`` of :meth:`_terms_here` as one local relation, by time and diff."""
-        frame = local_relation(self._session(), rows, self._in_process.schema)
+        frame = local_relation(self.session(), rows, self._in_process.schema)
         present = sorted(set(zip(rows.column(TIME).to_pylist(), rows.column(DIFF).to_pylist())))
         return {(time, diff): frame.where((F.col(TIME) == time) & (F.col(DIFF) == diff)).drop(TIME, DIFF)
                 for time, diff in present}
@@ -1113,14 +1123,14 @@ class SnapshotDesired(Desired):
         """The changes of ``step``, moved here over ``times`` (its updates a local relation)."""
         schema = T.StructType([*self.user_schema.fields, T.StructField(TIME, T.LongType()),
                                T.StructField(DIFF, T.LongType())])
-        updates = self._finish(self._as_updates(local_relation(self._session(), step.updates, schema)))
+        updates = self._finish(self._as_updates(local_relation(self.session(), step.updates, schema)))
         kwargs = dict(reads=self._named(tuple(reads)), in_process="terms and groups")
         if not self.view.key:
             return Changes(updates, step.updates.num_rows, times[0], **kwargs)
         touched, ranges = None, None
         if step.key_counts_change:  # the key check reads the table's files that can hold their first column
             key_schema = T.StructType([self.user_schema[k] for k in self.view.key])
-            touched = local_relation(self._session(), step.touched.cast(arrow_schema(key_schema)), key_schema)
+            touched = local_relation(self.session(), step.touched.cast(arrow_schema(key_schema)), key_schema)
             first = step.touched.column(self.view.key[0])
             if is_ranged(key_schema[0].dataType.simpleString()):
                 ranges = (ranges_of_column(first), first.null_count > 0)
@@ -1246,7 +1256,7 @@ class SnapshotDesired(Desired):
             log.info("view %r: its result at time %d is computed by Spark: %s", self.view.view_id,
                      self._inputs_time, exc)
             return self._result_at(self._inputs_time)
-        return local_relation(self._session(), rows, self.user_schema)
+        return local_relation(self.session(), rows, self.user_schema)
 
     def _recomputed_here(self, times: list[int]) -> Changes | None:
         """The aggregate's input held here moved by the terms of ``times`` computed here, and

@@ -96,6 +96,10 @@ class Desired:
         reader = (spark or self.spark).read.format("delta").option("versionAsOf", version)
         return reader.load(spark_uri(self.sources[name]))
 
+    def session(self) -> SparkSession:
+        """The session the view's plans are optimized and run in (the buffer folds its rows there)."""
+        return self.spark
+
     def _change_feed_enabled(self, name: str) -> bool:
         """Whether source ``name`` has the change data feed on (its newest version's property)."""
         rows = self.spark.sql(f"SHOW TBLPROPERTIES delta.`{spark_uri(self.sources[name])}`").collect()
