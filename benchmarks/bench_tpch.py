@@ -30,6 +30,10 @@ range of keys). The views, each keyed by the group-by columns that identify its 
   the changed customers padded; orders not read);
 * ``q13dist``: TPC-H Q13 itself, without its ``ORDER BY``: how many customers have each count of
   orders (an aggregate over ``q13``; key ``c_count``): a rollup, both linear aggregates moved by the change;
+* ``q7``: TPC-H Q7 (the volume shipped between France and Germany per year, nation read twice;
+  key ``supp_nation, cust_nation, l_year``);
+* ``q8``: TPC-H Q8 (Brazil's market share in America per year, nation read twice, an expression of
+  two sums; key ``o_year``);
 * ``q6``: TPC-H Q6, one sum over a year of lineitem (no ``GROUP BY``: one row, no key);
 * ``q14``: TPC-H Q14, the promotions' share of a month's revenue (lineitem joined with part, an
   expression of two sums, no ``GROUP BY``: one row, no key);
@@ -63,7 +67,7 @@ tables keyed by identifiers rather than numbers are: the joins and the view's ke
 With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
-Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3left|q3seg|q1|q5|q6|q10|q13|q13dist|q14|lines|custorders]
+Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3left|q3seg|q1|q5|q6|q7|q8|q10|q13|q13dist|q14|lines|custorders]
 [--scale 1] [--rounds 5] [--changed-orders N] [--moved-customers 0.001] [--string-keys] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
@@ -154,6 +158,35 @@ SELECT 100.00 * sum(CASE WHEN p_type LIKE 'PROMO%' THEN l_extendedprice * (1 - l
 FROM lineitem JOIN part ON l_partkey = p_partkey
 WHERE l_shipdate >= DATE '1995-09-01' AND l_shipdate < DATE '1995-10-01'
 """, (), ("lineitem", "part"))
+#: TPC-H Q7: the volume shipped between two nations per year, nation read twice (the supplier's and
+#: the customer's: each read a source of its own, :mod:`mvsink.desired.occurrences`).
+QUERIES["q7"] = ("""
+SELECT supp_nation, cust_nation, l_year, sum(volume) AS revenue
+FROM (
+  SELECT n1.n_name AS supp_nation, n2.n_name AS cust_nation, year(l_shipdate) AS l_year,
+         l_extendedprice * (1 - l_discount) AS volume
+  FROM supplier, lineitem, orders, customer, nation n1, nation n2
+  WHERE s_suppkey = l_suppkey AND o_orderkey = l_orderkey AND c_custkey = o_custkey
+    AND s_nationkey = n1.n_nationkey AND c_nationkey = n2.n_nationkey
+    AND ((n1.n_name = 'FRANCE' AND n2.n_name = 'GERMANY') OR (n1.n_name = 'GERMANY' AND n2.n_name = 'FRANCE'))
+    AND l_shipdate BETWEEN DATE '1995-01-01' AND DATE '1996-12-31'
+) shipping
+GROUP BY supp_nation, cust_nation, l_year
+""", ("supp_nation", "cust_nation", "l_year"), ("supplier", "lineitem", "orders", "customer", "nation"))
+#: TPC-H Q8: a nation's market share per year within a region (nation read twice; an expression of
+#: two sums: a linear aggregate under a top).
+QUERIES["q8"] = ("""
+SELECT o_year, sum(CASE WHEN nation = 'BRAZIL' THEN volume ELSE 0 END) / sum(volume) AS mkt_share
+FROM (
+  SELECT year(o_orderdate) AS o_year, l_extendedprice * (1 - l_discount) AS volume, n2.n_name AS nation
+  FROM part, supplier, lineitem, orders, customer, nation n1, nation n2, region
+  WHERE p_partkey = l_partkey AND s_suppkey = l_suppkey AND l_orderkey = o_orderkey
+    AND o_custkey = c_custkey AND c_nationkey = n1.n_nationkey AND n1.n_regionkey = r_regionkey
+    AND r_name = 'AMERICA' AND s_nationkey = n2.n_nationkey
+    AND o_orderdate BETWEEN DATE '1995-01-01' AND DATE '1996-12-31' AND p_type = 'ECONOMY ANODIZED STEEL'
+) all_nations
+GROUP BY o_year
+""", ("o_year",), ("part", "supplier", "lineitem", "orders", "customer", "nation", "region"))
 #: A rollup (a view over a view): Q3's per-order revenue, summed per market segment.
 QUERIES["q3seg"] = (f"SELECT c_mktsegment, sum(revenue) AS revenue, count(*) AS orders FROM ({QUERIES['q3'][0]}) "
                     "GROUP BY c_mktsegment", ("c_mktsegment",), QUERIES["q3"][2])

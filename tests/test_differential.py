@@ -75,3 +75,20 @@ def test_the_seeds_reach_every_strategy(outcomes):
     assert {"row-wise", "inner join", "union all", "per-key recompute", "per-group recompute",
             "full evaluation"} <= taken, taken
     assert any("linear aggregate" in s for s in taken), taken
+
+
+def test_the_tester_finds_a_delta_rule_broken_on_purpose(spark, tmp_path, monkeypatch):
+    """The tester can fail: with the terms' delta rule broken on purpose (a change's deleted rows
+    given no term, so no retraction reaches the view), two join views of a random case, their
+    terms computed in Spark, are reported as mismatches at some time, each with a reproduction."""
+    from mvsink.desired import snapshot
+
+    monkeypatch.setattr(snapshot.SnapshotDesired, "_terms_in_process", lambda self, *args: None)
+    inserted_only = lambda feed, time: [(diff, rows) for diff, rows in intact(feed, time) if diff > 0]  # noqa: E731
+    intact = snapshot.SnapshotDesired._feed_rows
+    monkeypatch.setattr(snapshot.SnapshotDesired, "_feed_rows", staticmethod(inserted_only))
+    case = random_case(7, families=("inner_join", "inner_join"), times=3, late=0)
+    outcome = Runner(spark, tmp_path).run(case)
+    assert {f.view for f in outcome.failures if f.kind == "mismatch"} == {0, 1}, outcome.failures
+    assert all("inner join" in s for strategies in outcome.strategies.values() for s in strategies), outcome.strategies
+    assert "SELECT" in reproduction(case, outcome.failures[0])

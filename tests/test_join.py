@@ -358,3 +358,43 @@ def _edit_lines(spark, src: str, rng) -> None:
         spark.sql(f"DELETE FROM delta.`{src}` WHERE pmod(order_id, 7) = {rng.randint(0, 6)}")
     else:
         spark.sql(f"UPDATE delta.`{src}` SET order_id = {rng.randint(0, 30)} WHERE price = {rng.randint(1, 9)}")
+
+
+#: A source read twice, TPC-H Q7's way: customers as the seller's and as the buyer's, each with an
+#: alias, under an aggregate of the join (its groups named by a subquery's aliases).
+READ_TWICE_AGGREGATE = (
+    "SELECT seller, buyer, sum(amount) AS total, count(*) AS n FROM ("
+    "SELECT c1.segment AS seller, c2.segment AS buyer, o.amount FROM orders o "
+    "JOIN customers c1 ON o.cust = c1.cust JOIN customers c2 ON o.amount = c2.cust "
+    "WHERE c1.segment <> 'z' OR c2.segment IS NULL) sales GROUP BY seller, buyer")
+#: A self-join, its second read without an alias in a subquery of its own.
+READ_TWICE_JOIN = ("SELECT orders.id, later.id AS later FROM orders "
+                   "JOIN (SELECT id, cust FROM orders WHERE amount > 2) later ON orders.cust = later.cust "
+                   "JOIN customers c ON c.cust = orders.cust WHERE c.segment <> 'z'")
+
+
+@pytest.mark.parametrize("sql, strategy", [(READ_TWICE_AGGREGATE, "aggregate"), (READ_TWICE_JOIN, "join")],
+                         ids=["aggregate", "self-join"])
+def test_a_source_read_twice_is_maintained_as_two_sources(spark, tmp_path, sql, strategy):
+    """A query reading a source at two places is maintained, each read a source of its own (the
+    same table at the same version): no full evaluation, and at every time the rows of the query
+    evaluated in full, while both sources change (deletes, moves, duplicates, null keys)."""
+    rng = random.Random(29)
+    orders, customers = str(tmp_path / "orders"), str(tmp_path / "customers")
+    create_source(spark, orders, [(i, rng.choice([1, 2, 3, None]), rng.randint(0, 5)) for i in range(16)], ORDERS)
+    create_source(spark, customers, [(1, "x"), (2, "y"), (2, "y"), (3, "z"), (4, "x"), (None, "x")], CUSTOMERS)
+    next_id = [100]
+
+    def edit() -> None:
+        if rng.random() < 0.6:
+            edit_orders(spark, orders, rng, next_id)
+        if rng.random() < 0.6:
+            edit_customers(spark, customers, rng)
+
+    view = maintained_against_the_query(spark, tmp_path, {"orders": orders, "customers": customers}, sql, edit,
+                                        rounds=5, rng=rng)
+    assert getattr(view.desired, strategy) not in (None, False), view.desired.strategy_description()
+    twice = "customers" if strategy == "aggregate" else "orders"
+    assert view.desired._reads.extra == {f"{twice}__2": twice}
+    assert view.desired.sources_read() == ["orders", "customers"]
+    assert f"{twice} is read 2 times" in view.desired.strategy_description()

@@ -82,18 +82,26 @@ def test_which_queries_are_union_alls(spark, tmp_path, unchanged_sources, sql, s
         assert "evaluated in full" in desired.strategy_description()
 
 
-def test_a_source_read_in_two_branches_is_evaluated_in_full(spark, tmp_path):
-    """Linear in it, but not taken: evaluated in full (and refused under ``incremental``, naming it)."""
+#: One source in two branches (and two more sources): each read a source of its own (``orders__2``).
+TWICE = ("SELECT id FROM orders WHERE amount > 2 UNION ALL SELECT id FROM orders WHERE amount < 1 "
+         "UNION ALL SELECT id FROM returns UNION ALL SELECT cust FROM customers")
+
+
+def test_a_source_read_twice_is_a_union_all_and_a_cte_read_twice_is_evaluated_in_full(spark, tmp_path):
+    """A source in two branches of the text is two sources: a union all (taken under
+    ``incremental``). A CTE read in two branches is one read of the text: evaluated in full (and
+    refused under ``incremental``, naming why)."""
     paths = _sources(spark, tmp_path)
-    twice = "SELECT id FROM orders WHERE amount > 2 UNION ALL SELECT id FROM orders WHERE amount < 1"
-    for sources in ({"orders": paths["orders"]}, paths):
-        sql = twice if len(sources) == 1 else twice + " UNION ALL SELECT id FROM returns UNION ALL " \
-                                                      "SELECT cust FROM customers"
-        desired = _view(spark, tmp_path, "v", sql, sources).desired
-        assert not desired.join and desired.aggregate is None and not desired.row_wise
-        assert "evaluated in full at each time (it has a source read twice)" in desired.strategy_description()
-        with pytest.raises(ConfigError, match="refresh incremental.*a source read twice"):
-            _view(spark, tmp_path, "w", sql, sources, "incremental")
+    desired = _view(spark, tmp_path, "v", TWICE, paths, "incremental").desired
+    assert desired.join and desired._no_rows and desired._reads.extra == {"orders__2": "orders"}
+    cte = ("WITH o AS (SELECT id, amount FROM orders) SELECT id FROM o WHERE amount > 2 "
+           "UNION ALL SELECT id FROM o WHERE amount < 1")
+    desired = _view(spark, tmp_path, "c", cte, paths).desired
+    assert not desired.join and desired.aggregate is None and not desired.row_wise
+    assert "evaluated in full at each time (it has a source read twice by one read of the text" in \
+        desired.strategy_description()
+    with pytest.raises(ConfigError, match="refresh incremental.*a source read twice"):
+        _view(spark, tmp_path, "w", cte, paths, "incremental")
 
 
 def _edit(spark, paths: dict[str, str], rng: random.Random, next_id: list[int]) -> None:
@@ -139,8 +147,8 @@ def _catch_up(view: MaterializedView) -> set[str]:
 
 @pytest.mark.parametrize("sql, strategy, seed", [
     (UNION_JOIN, "union all", 25), (JOIN_OVER_UNION, "union all", 26), (THREE, "union all", 27),
-    (AGGREGATE, "linear aggregate", 28), (DISTINCT, "linear aggregate", 29),
-], ids=["union-join", "join-over-union", "three", "aggregate", "distinct"])
+    (AGGREGATE, "linear aggregate", 28), (DISTINCT, "linear aggregate", 29), (TWICE, "union all", 30),
+], ids=["union-join", "join-over-union", "three", "aggregate", "distinct", "source-twice"])
 def test_union_changes_equal_the_full_evaluation_at_every_time(spark, tmp_path, sql, strategy, seed):
     """The view from its sources' changes; 1-3 commits to any of the three sources per time
     (several to one, or to two or three in one time), those to ``returns`` without a change data

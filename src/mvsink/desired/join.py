@@ -40,9 +40,10 @@ ranges, cut at the widest gaps between the change's keys (between strings: the f
 shared before they differ), are what prune: keys clustered in a few places (new orders at the
 top, old ones deleted at the bottom) read a few files, keys spread everywhere read every file, as
 the whole scan would. A linear aggregate over such a join
-(:mod:`mvsink.desired.linear_aggregate`) moves its groups by the same terms. A source read twice (a
-self-join) makes the query quadratic in it, an outer join is not linear: such queries, and any other
-shape (a source read in two branches of a union too, though it is linear), are evaluated in full.
+(:mod:`mvsink.desired.linear_aggregate`) moves its groups by the same terms. A source read at two
+places of the query's text is two sources here (:mod:`mvsink.desired.occurrences`); one read twice
+by the plan alone (a CTE read twice) makes the query quadratic in it, an outer join is not linear:
+such queries, and any other shape, are evaluated in full.
 
 The pruning stays exact with unions: a ``Union``'s output columns are its first child's, so an
 equality over them names that child's sources; in a term of source ``i`` (read once) every branch

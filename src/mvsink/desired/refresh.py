@@ -149,4 +149,4 @@ def unmaintained_operator(result: DataFrame) -> str:
     if aggregates:
         return ("an Aggregate that is neither count/sum/avg of integers or decimals grouped by columns nor "
                 "order-free aggregates of one source, a join or a key join grouped by columns of their sources")
-    return "a source read twice" if joins else f"the plan {plan.nodeName()} over {scans} scans"
+    return "a source read twice by one read of the text (a CTE read twice)" if joins else f"the plan {plan.nodeName()} over {scans} scans"

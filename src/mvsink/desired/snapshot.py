@@ -92,6 +92,7 @@ from mvsink.desired.outer_join import inner_joined
 from mvsink.desired.per_group import PerGroup, holding_rows_of, in_groups, per_group
 from mvsink.desired.refresh import AutoRefresh, Fallback, unmaintained_operator
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
+from mvsink.desired.occurrences import Reads, split_reads
 from mvsink.desired.sources import Desired
 from mvsink.table import spark_uri
 from mvsink.timeline import Timeline
@@ -188,6 +189,9 @@ class SnapshotDesired(Desired):
         #: every source of the pipeline): the strategies maintain the query over these, and a source
         #: it does not read moves none of its rows (it is given no rows in a step's queries).
         self.read: tuple[str, ...] = ()
+        #: The query's text with a name of its own for each read of a source after its first
+        #: (:mod:`mvsink.desired.occurrences`): each such name is one more source in ``sources``.
+        self._reads = Reads(view.input.sql or "")
         super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
         held = (self._held_rows() if len(self.read) == 1 or self.join or self.aggregate is not None
                 or self.per_group is not None else None)
@@ -317,13 +321,19 @@ class SnapshotDesired(Desired):
         log.info("view %r: %s", view.view_id, self.strategy_description())
 
     def sources_read(self) -> list[str]:
-        """The sources its query reads (:attr:`read`)."""
-        return list(self.read)
+        """The declared sources its query reads (:attr:`read`, a source read twice once)."""
+        return self._reads.declared(self.read)
+
+    def versions(self, time: int) -> dict[str, int]:
+        return self._reads.versions(super().versions(time))
+
+    def schema_versions(self) -> dict[str, int]:
+        return self._reads.versions(super().schema_versions())
 
     def strategy_description(self) -> str:
         """The strategy the view's changes get and why, in words (logged at start, and shown
         by ``mvsink explain``), with when ``auto`` evaluates a maintained query in full instead."""
-        described = self._shape_words() + self._in_process_words()
+        described = self._shape_words() + self._in_process_words() + self._reads.words()
         if self.auto is None:
             return described
         return (f"{described}; under refresh auto, a step is evaluated in full instead when its change passes "
@@ -517,7 +527,7 @@ class SnapshotDesired(Desired):
             if self.input.sql is not None:
                 for name, rows in sources.items():
                     rows.createOrReplaceTempView(name)
-                result = self._sql_session.sql(self.input.sql)
+                result = self._sql_session.sql(self._reads.sql)
             elif self.input.source is not None:
                 (rows,) = sources.values()  # one unnamed source: the function takes it alone
                 result = self.input.query(rows)
@@ -529,21 +539,24 @@ class SnapshotDesired(Desired):
             message = _first_line(exc)
             if "TABLE_OR_VIEW_NOT_FOUND" in message:
                 raise ConfigError(f"{where}: its query reads a table that is not one of its sources "
-                                  f"{sorted(self.sources)}: {message}") from None
+                                  f"{sorted(self.view.sources)}: {message}") from None
             raise ConfigError(f"{where}: its query cannot be analyzed: {message}") from None
         except TypeError as exc:
             raise ConfigError(f"{where}: its query function cannot be called with the sources "
-                              f"{sorted(self.sources)} by name: {exc}") from None
+                              f"{sorted(self.view.sources)} by name: {exc}") from None
         if not isinstance(result, DataFrame):
             raise ConfigError(f"query of {where} returned {type(result).__name__}, not a DataFrame")
         return result
 
     def _user_schema(self) -> T.StructType:
+        if self.input.sql is not None:
+            self._reads = split_reads(self.session(), self.input.sql, self.sources)
+            self.sources = self._reads.paths(self.sources)
         versions = self.schema_versions()
         rows = {name: self.read_source(name, versions[name], self.session()) for name in self.sources}
         result = self._query(rows)
-        tables = {table: name for name, frame in rows.items() for table in _delta_tables(frame, analyzed=True)}
-        self.read = tuple(name for name in self.sources if name in {tables.get(t) for t in _delta_tables(result)})
+        read = _delta_tables(result)
+        self.read = tuple(name for name, frame in rows.items() if _delta_tables(frame, analyzed=True) & read)
         self.row_wise = len(self.read) == 1 and is_row_wise(result, TABLE_SCAN)
         self.join = len(self.read) > 1 and is_inner_join(result, TABLE_SCAN, len(self.read))
         self.aggregate = linear_aggregate(result, TABLE_SCAN, len(self.read), top=True) if self.read else None
@@ -575,7 +588,7 @@ class SnapshotDesired(Desired):
 
     def _result_at(self, time: int) -> DataFrame:
         """The query's result over the sources at ``time``'s versions, in the view's columns."""
-        return self._contents(self.timeline.versions(time)).select(*self.user_schema.names)
+        return self._contents(self.versions(time)).select(*self.user_schema.names)
 
     def _remember(self, time: int, contents: DataFrame) -> None:
         self._previous = contents.localCheckpoint(eager=True)
@@ -616,7 +629,7 @@ class SnapshotDesired(Desired):
         held. Over a join with a dimension, the rest of the join is held at ``time`` first and the
         state is the dimension's rows joined with it (:meth:`HeldRest.groups_state`): the same
         reads, and a first step where the dimension moves finds the rest held."""
-        versions = self.timeline.versions(time)
+        versions = self.versions(time)
         if self._rest is not None:  # the rest of the join held first, the state from it (no padding, no below)
             self._hold_rest(time)
             dimension = self._rest.split.dimension
@@ -660,7 +673,7 @@ class SnapshotDesired(Desired):
 
     def changes(self, lo: int, hi: int) -> Changes | None:
         """The updates at each time in `[lo, hi]` whose versions differ from the time before."""
-        times = [t for t in range(lo, hi + 1) if self.timeline.versions(t) != self.timeline.versions(t - 1)]
+        times = [t for t in range(lo, hi + 1) if self.versions(t) != self.versions(t - 1)]
         if not times:
             return None
         strategy, from_feed = (("row-wise", self._row_wise_changes) if self.row_wise
@@ -725,7 +738,7 @@ class SnapshotDesired(Desired):
         (:mod:`~mvsink.desired.change_size`), the sources' sizes from the add actions a join's
         other sides are listed by where delta-rs lists them (:meth:`_listed` uses them again;
         those of versions below the step's are dropped)."""
-        before, after = self.timeline.versions(times[0] - 1), self.timeline.versions(times[-1])
+        before, after = self.versions(times[0] - 1), self.versions(times[-1])
         self._add_actions = {(name, version): actions for (name, version), actions in self._add_actions.items()
                              if version >= before[name]}
 
@@ -754,7 +767,7 @@ class SnapshotDesired(Desired):
         checked), and its first and last source versions."""
         if name is None:
             (name,) = self.read
-        spans = [(t, self.timeline.versions(t - 1)[name] + 1, self.timeline.versions(t)[name]) for t in times]
+        spans = [(t, self.versions(t - 1)[name] + 1, self.versions(t)[name]) for t in times]
         spans = [span for span in spans if span[1] <= span[2]]
         first, last = spans[0][1], spans[-1][2]
         return source_changes(self.session(), self.sources[name], spans, first, last), first, last
@@ -784,7 +797,7 @@ class SnapshotDesired(Desired):
 
     def _named(self, reads: tuple[SourceRead, ...]) -> tuple[SourceRead, ...]:
         """``reads`` with each source's table named by the view's name for it."""
-        paths = {_table_path(spark_uri(path)): name for name, path in self.sources.items()}
+        paths = {_table_path(spark_uri(path)): name for name, path in self.view.sources.items()}
         return tuple(replace(read, table=paths.get(_table_path(read.table), read.table)) for read in reads)
 
     def _source_feeds(self, times: list[int]) -> SourceFeeds:
@@ -798,11 +811,11 @@ class SnapshotDesired(Desired):
         aggregate of a join, also the groups the changes of its sources read whole touch
         (:meth:`_joined_groups`)."""
         feeds = SourceFeeds({}, True, {}, {}, {})
-        before = self.timeline.versions(times[0] - 1)
+        before = self.versions(times[0] - 1)
         self._pinned_reads = {(name, version): rows for (name, version), rows in self._pinned_reads.items()
                               if version >= before[name]}
         for name in self.read:
-            if all(self.timeline.versions(t - 1)[name] == self.timeline.versions(t)[name] for t in times):
+            if all(self.versions(t - 1)[name] == self.versions(t)[name] for t in times):
                 continue
             feed, first, last = self._feed(times, name)
             is_small = changes_are_small(self.sources[name], first, last)
@@ -848,7 +861,7 @@ class SnapshotDesired(Desired):
         the dimension neither read nor given a term."""
         names, terms = [n for n in self.read if rest is None or n != rest.dimension], []
         query = self._query if rest is None else rest.rest_rows
-        before, after = self.timeline.versions(time - 1), self.timeline.versions(time)
+        before, after = self.versions(time - 1), self.versions(time)
         for i, name in enumerate(names):
             if before[name] == after[name] or of is not None and name not in of or name in padded or any(
                     not feeds.ranges[name, column] for other, pairs in self._join_keys.get(name, {}).items()
@@ -957,7 +970,7 @@ class SnapshotDesired(Desired):
         if self._state_time != times[0] - 1:  # none held for that time (after a recomputed range)
             self._hold_state(times[0] - 1)
         moving = {name for name in self.read
-                  if any(self.timeline.versions(t - 1)[name] != self.timeline.versions(t)[name] for t in times)}
+                  if any(self.versions(t - 1)[name] != self.versions(t)[name] for t in times)}
         rest = self._rest if self._rest is not None and self._rest.stepped(self._rest.split.dimension in moving) else None
         if rest is not None and self._arrow_dimension is not None:
             moved = self._dimension_moved_here(times)
@@ -1062,7 +1075,7 @@ class SnapshotDesired(Desired):
                      MOST_GROUPS)
             return None
         try:
-            step = self._arrow_dimension.step(held, state.schema, times, self.timeline.versions)
+            step = self._arrow_dimension.step(held, state.schema, times, self.versions)
             moved = self._arrow_groups.step_by(state, step.changes)
         except (Declined, NotEvaluated) as exc:
             log.info("view %r: the terms of times %d..%d are computed by Spark: %s",
@@ -1076,7 +1089,7 @@ class SnapshotDesired(Desired):
         ``TIME`` and ``DIFF``) computed in this process, and the other sides' reads; None where
         the step is Spark's (the reason logged)."""
         try:
-            return self._in_process.terms(times, self.timeline.versions)
+            return self._in_process.terms(times, self.versions)
         except Declined as exc:
             log.info("view %r: the terms of times %d..%d are computed by Spark: %s",
                      self.view.view_id, times[0], times[-1], exc)
@@ -1178,7 +1191,7 @@ class SnapshotDesired(Desired):
         inputs = self._inputs_from_rest(time) if self._recompute_dimension is not None else None
         if inputs is None:
             rows = self._recompute.spark_inputs(
-                self._recompute.aggregate.aggregate_input(self._contents(self.timeline.versions(time))))
+                self._recompute.aggregate.aggregate_input(self._contents(self.versions(time))))
             inputs = rows.limit(MOST_GROUPS + 1).toArrow()
         if inputs.num_rows > MOST_GROUPS:
             log.info("view %r: its changed groups are recomputed by Spark: its input has more than %d rows",
@@ -1196,7 +1209,7 @@ class SnapshotDesired(Desired):
         :data:`MOST_REST_ROWS` rows is not, and the dimension's changes meet the other sources from
         then on (logged)."""
         split, started = self._recompute_dimension.split, monotonic()
-        versions = self.timeline.versions(time)
+        versions = self.versions(time)
         rows = self._recompute.spark_inputs(
             split.rest_rows({name: self._pinned(name, versions[name]) for name in self.read if name != split.dimension}),
             keep=tuple(k for _, k in split.keys), absent=dict(split.group_types))
@@ -1220,7 +1233,7 @@ class SnapshotDesired(Desired):
             return None
         dimension = self._recompute_dimension.split.dimension
         try:
-            rows, _ = self._recompute_dimension.joined_at(self._inputs_rest, self.timeline.versions(time)[dimension])
+            rows, _ = self._recompute_dimension.joined_at(self._inputs_rest, self.versions(time)[dimension])
             schema = pa.schema([self._inputs_rest.schema.field(name) for name in
                                 (*self._recompute.group_names, *self._recompute.argument_names, ROWS)])
             return self._recompute.summed(rows, schema)
@@ -1236,7 +1249,7 @@ class SnapshotDesired(Desired):
         if self._recompute_dimension is None:
             return False
         dimension = self._recompute_dimension.split.dimension
-        moves = any(self.timeline.versions(t - 1)[dimension] != self.timeline.versions(t)[dimension] for t in times)
+        moves = any(self.versions(t - 1)[dimension] != self.versions(t)[dimension] for t in times)
         self._rest_quiet = 0 if moves else self._rest_quiet + 1
         if not moves and (self._inputs_rest is None or self._rest_quiet >= QUIET_STEPS):
             self._inputs_rest = None
@@ -1268,13 +1281,13 @@ class SnapshotDesired(Desired):
             rest = None
             if self._meets_held_rest(times):
                 moved = self._recompute_dimension.step(self._inputs_rest, self._inputs.schema, times,
-                                                       self.timeline.versions)
+                                                       self.versions)
                 step = self._recompute.step_by(self._inputs, moved.changes)
                 rest, reads = moved.rest, moved.reads
             elif self._recompute is None:  # its input was too large to hold
                 return None
             else:
-                rows, reads = self._recompute_terms.terms(times, self.timeline.versions)
+                rows, reads = self._recompute_terms.terms(times, self.versions)
                 if self._inputs_time != times[0] - 1 and not self._hold_inputs(times[0] - 1):
                     return None
                 step = self._recompute.step(self._inputs, rows, times)
@@ -1308,7 +1321,7 @@ class SnapshotDesired(Desired):
         (:mod:`mvsink.desired.dimension`): one job over the other sources at its versions. Its
         seconds are kept in :attr:`_setup_seconds`: ``auto`` weighs a step without them (the
         rest is held once while the dimension keeps changing, as a view is hydrated once)."""
-        versions, split = self.timeline.versions(time), self._rest.split
+        versions, split = self.versions(time), self._rest.split
         started = monotonic()
         self._rest.hold(time, split.rest_rows({name: self._pinned(name, versions[name])
                                                for name in self.read if name != split.dimension}))
@@ -1333,7 +1346,7 @@ class SnapshotDesired(Desired):
             delta, (rows,) = held_observing(
                 reduce(DataFrame.unionByName, [rest.as_state(rows, diff) for diff, rows in terms]),
                 f"{_MOVED}_rest", F.count(F.lit(1)), executed=executed)
-            after = self._pinned(dimension, self.timeline.versions(time)[dimension])
+            after = self._pinned(dimension, self.versions(time)[dimension])
             parts.append(rest.joined(delta, [(split.side_rows(after), 1)]))
             rest.move(time, delta, rows)
         else:
@@ -1388,7 +1401,7 @@ class SnapshotDesired(Desired):
         if not moved:
             return []
         groups = reduce(DataFrame.unionByName, moved).distinct()
-        after, before = self.timeline.versions(time), self.timeline.versions(time - 1)
+        after, before = self.versions(time), self.versions(time - 1)
         restricted = {name: (self._pinned(name, after[name]), self._pinned(name, before[name]))
                       for name in self.per_group.whole}
         for name, columns in keys.items():
@@ -1460,7 +1473,7 @@ class SnapshotDesired(Desired):
         """The query over the source's change feed (held): per time, over the inserted rows at +1
         and over the deleted rows at -1 (see :mod:`mvsink.desired.row_wise`)."""
         (name,) = self.read
-        if all(self.timeline.versions(t - 1)[name] == self.timeline.versions(t)[name] for t in times):
+        if all(self.versions(t - 1)[name] == self.versions(t)[name] for t in times):
             return Changes(self._no_updates(), 0, times[0], False if self.view.key else None)  # only unread sources moved
         feed, first, last = self._feed(times)
         small = changes_are_small(self.sources[name], first, last)
@@ -1508,7 +1521,7 @@ class SnapshotDesired(Desired):
             self._source_keys_known = None
             return False
         (name,) = self.read
-        rows = self.read_source(name, self.timeline.versions(times[-1])[name])
+        rows = self.read_source(name, self.versions(times[-1])[name])
         key = self._source_key
         _, unique = unique_keys(rows.select(*key, F.lit(1).cast("long").alias(DIFF)), key)
         self._source_keys_known = (times[-1], unique)

@@ -78,14 +78,19 @@ class Desired:
             self._columns_seen[name] = (max(seen, version), columns | set(new))
 
     def latest_versions(self) -> dict[str, int]:
-        """Every source's newest version."""
+        """Every declared source's newest version."""
         versions = {}
-        for name, path in self.sources.items():
+        for name, path in self.view.sources.items():
             version = latest_version(path)
             if version is None:
                 raise ConfigError(f"source {name} ({path}) of view {self.view.view_id!r} has disappeared")
             versions[name] = version
         return versions
+
+    def versions(self, time: int) -> dict[str, int]:
+        """The source versions time ``time`` stands for (:meth:`Timeline.versions`), by the
+        names the query reads them under."""
+        return self.timeline.versions(time)
 
     def schema_versions(self) -> dict[str, int]:
         """The versions the view's schema is taken from: the latest time's, else the newest."""
