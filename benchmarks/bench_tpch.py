@@ -34,6 +34,8 @@ range of keys). The views, each keyed by the group-by columns that identify its 
   key ``supp_nation, cust_nation, l_year``);
 * ``q8``: TPC-H Q8 (Brazil's market share in America per year, nation read twice, an expression of
   two sums; key ``o_year``);
+* ``q9``: TPC-H Q9 (the profit on parts whose name holds "green", per nation and year; six
+  sources; key ``nation, o_year``);
 * ``q6``: TPC-H Q6, one sum over a year of lineitem (no ``GROUP BY``: one row, no key);
 * ``q14``: TPC-H Q14, the promotions' share of a month's revenue (lineitem joined with part, an
   expression of two sums, no ``GROUP BY``: one row, no key);
@@ -67,7 +69,7 @@ tables keyed by identifiers rather than numbers are: the joins and the view's ke
 With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
-Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3left|q3seg|q1|q5|q6|q7|q8|q10|q13|q13dist|q14|lines|custorders]
+Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3left|q3seg|q1|q5|q6|q7|q8|q9|q10|q13|q13dist|q14|lines|custorders]
 [--scale 1] [--rounds 5] [--changed-orders N] [--moved-customers 0.001] [--string-keys] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
@@ -187,6 +189,18 @@ FROM (
 ) all_nations
 GROUP BY o_year
 """, ("o_year",), ("part", "supplier", "lineitem", "orders", "customer", "nation", "region"))
+#: TPC-H Q9: the profit on a line of parts per nation and year (six sources, ``LIKE``, ``year()``).
+QUERIES["q9"] = ("""
+SELECT nation, o_year, sum(amount) AS sum_profit
+FROM (
+  SELECT n_name AS nation, year(o_orderdate) AS o_year,
+         l_extendedprice * (1 - l_discount) - ps_supplycost * l_quantity AS amount
+  FROM part, supplier, lineitem, partsupp, orders, nation
+  WHERE s_suppkey = l_suppkey AND ps_suppkey = l_suppkey AND ps_partkey = l_partkey AND p_partkey = l_partkey
+    AND o_orderkey = l_orderkey AND s_nationkey = n_nationkey AND p_name LIKE '%green%'
+) profit
+GROUP BY nation, o_year
+""", ("nation", "o_year"), ("part", "supplier", "lineitem", "partsupp", "orders", "nation"))
 #: A rollup (a view over a view): Q3's per-order revenue, summed per market segment.
 QUERIES["q3seg"] = (f"SELECT c_mktsegment, sum(revenue) AS revenue, count(*) AS orders FROM ({QUERIES['q3'][0]}) "
                     "GROUP BY c_mktsegment", ("c_mktsegment",), QUERIES["q3"][2])
@@ -216,7 +230,7 @@ GROUP BY o.o_orderkey, c.c_mktsegment, o.o_orderdate, o.o_shippriority
 #: Each table's key, and its files per scale factor 1 (at least 1).
 TABLES = {"customer": ("c_custkey", 2), "orders": ("o_orderkey", 16), "lineitem": ("l_orderkey", 48),
           "supplier": ("s_suppkey", 1), "nation": ("n_nationkey", 1), "region": ("r_regionkey", 1),
-          "part": ("p_partkey", 2)}
+          "part": ("p_partkey", 2), "partsupp": ("ps_partkey", 8)}
 
 
 #: The keys ``--string-keys`` loads as strings.

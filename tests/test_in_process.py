@@ -348,7 +348,9 @@ ROWS = {
     "CASE WHEN c.segment = 'y' THEN 1 ELSE 0 END AS b, coalesce(c.segment, 'none') AS s, "
     "if(o.amount > 3, 'big', NULL) AS size, c.segment LIKE '%é' AS ends, c.segment LIKE '_' AS one, "
     "c.segment LIKE '%x%' AS has FROM orders o JOIN customers c ON o.cust = c.cust",
-], ids=["joins", "in-or-not", "decimals", "casts", "wide-decimals", "conditions"])
+    "SELECT o.id, year(o.placed) AS y, month(o.placed) AS m, day(o.placed) AS d FROM orders o "
+    "JOIN customers c ON o.cust = c.cust WHERE year(o.placed) > 1000 OR o.placed IS NULL",
+], ids=["joins", "in-or-not", "decimals", "casts", "wide-decimals", "conditions", "date-fields"])
 def test_a_translated_plan_yields_sparks_rows(spark, sql):
     """Over rows with nulls, duplicates, a non-ASCII string and the largest values of their types:
     the plan evaluated in Arrow has the multiset of rows Spark's has, in its types."""

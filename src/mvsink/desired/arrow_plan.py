@@ -21,8 +21,9 @@ The translation takes only what Arrow computes exactly as Spark does, and refuse
   decimals whose result scale is the exact one (computed in 256 bits where it needs more than 38
   digits, then fitted to Spark's type; where Spark rounds, to fit 38 digits, it is refused),
   casts that widen an integer or a decimal or make an integer a decimal, ``CASE WHEN`` and ``IF``
-  (a null condition is not true), ``COALESCE``, and ``LIKE`` of a literal pattern with the default
-  escape, with the prefix, suffix and substring tests Spark makes of simple ones.
+  (a null condition is not true), ``COALESCE``, ``year``, ``month`` and ``day`` of a date, and
+  ``LIKE`` of a literal pattern with the default escape, with the prefix, suffix and substring
+  tests Spark makes of simple ones.
 
 Arithmetic is checked: where a value overflows, or does not fit the type Spark gives the
 expression, evaluation raises :class:`NotEvaluated` (Spark, which the caller then asks, raises its
@@ -56,6 +57,8 @@ _ARITHMETIC = {"Add": pc.add_checked, "Subtract": pc.subtract_checked, "Multiply
 _STRING_TESTS = {"Like": pc.match_like, "StartsWith": pc.starts_with, "EndsWith": pc.ends_with,
                  "Contains": pc.match_substring}
 _INTEGERS = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+#: A date's fields (Spark's and Arrow's calendars are both the proleptic Gregorian).
+_DATE_FIELDS = {"Year": pc.year, "Month": pc.month, "DayOfMonth": pc.day}
 _EPOCH = datetime.date(1970, 1, 1)
 
 #: An evaluated expression: an array over a table's rows, or a scalar.
@@ -264,6 +267,9 @@ def _expression(expr) -> Expression:
         return lambda table: pc.coalesce(*(_typed(child(table), arrow_type) for child in children))
     if kind in _STRING_TESTS:
         return _string_test(expr, kind)
+    if kind in _DATE_FIELDS and isinstance(_spark_type(expr.child().dataType()), T.DateType):
+        child, field = _expression(expr.child()), _DATE_FIELDS[kind]
+        return lambda table: pc.cast(field(child(table)), arrow_type)
     raise NotTranslated(f"the expression {kind}")
 
 
