@@ -78,9 +78,7 @@ def split_reads(spark: SparkSession, sql: str, sources: dict[str, str]) -> Reads
         nonlocal shadowed
         kind = node.nodeName()
         if kind == "UnresolvedWith":
-            relations_ = node.cteRelations()
-            for i in range(relations_.size()):
-                shadowed |= relations_.apply(i)._1().lower() in by_lower
+            shadowed |= any(cte._1().lower() in by_lower for cte in scala_items(node.cteRelations()))
         if kind == "UnresolvedRelation":
             parts = node.multipartIdentifier()
             origin = node.origin()
