@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+from differential.reads import source_at, view_at
 from differential.tables import values_sql
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -701,10 +702,13 @@ def query_results_at_every_time(spark, src: str | dict[str, str], sql: str, view
                                 upper: int, key: tuple[str, ...] = ()) -> None:
     """Each view (view id -> target) equals ``sql`` over ``src`` (one source, as ``src``; or
     sources by name) at the versions of every time below ``upper`` on ``timeline``, evaluated here
-    by Spark over the Delta tables as of those versions. With ``key``: its ok rows are the
-    result's rows whose key has no null, and its errors one per such row with a null and one per
-    key with several rows (computed here in SQL over the result, not by mvsink's code); a key
-    with several rows has none of them among the ok rows (they are withheld while it does).
+    by Spark over the sources' rows as of those versions (read by delta-rs, :func:`source_at`).
+    A view in the table layout is read as a plain reader reads it: its table at the version
+    holding each time, by delta-rs (:func:`differential.reads.view_at`); in the update layout by
+    :func:`mvsink.read_view`. With ``key``: its ok rows are the result's rows whose key has no
+    null, and its errors one per such row with a null and one per key with several rows
+    (computed here in SQL over the result, not by mvsink's code); a key with several rows has none
+    of them among the ok rows (they are withheld while it does). Without, it has no error.
 
     Every time's results are read by one Spark job (:func:`_at_every_time`), the query's and each
     view's: a job per time and side was most of the check's time."""
@@ -714,6 +718,7 @@ def query_results_at_every_time(spark, src: str | dict[str, str], sql: str, view
 
     from mvsink import read_view, view_errors
     from mvsink.check import TimelineReader
+    from mvsink.target.layout import TABLE, layout_of
 
     if upper == 0:
         return
@@ -722,7 +727,7 @@ def query_results_at_every_time(spark, src: str | dict[str, str], sql: str, view
     results = []
     for at in range(upper):
         for name, version in reader.versions(at).items():
-            spark.read.format("delta").option("versionAsOf", version).load(sources[name]).createOrReplaceTempView(name)
+            source_at(spark, sources[name], version).createOrReplaceTempView(name)
         results.append(spark.sql(sql))  # analyzed now: it keeps these versions' tables
     columns = results[0].columns
     rows_at = _at_every_time(spark, results)
@@ -744,14 +749,17 @@ def query_results_at_every_time(spark, src: str | dict[str, str], sql: str, view
         expected_errors_at = {at: Counter(r[0] for r in rows) for at, rows in _at_every_time(spark, errors).items()}
         rows_at = {at: rows_of_unique_keys(rows, at_key) for at, rows in rows_at.items()}
     for view_id, target in views.items():
-        got_at = _at_every_time(spark, [read_view(spark, target, view_id, at, errors="ignore" if key else "raise")
+        table_layout = layout_of(target) == TABLE
+        got_at = _at_every_time(spark, [view_at(spark, target, view_id, at, errors="ignore") if table_layout
+                                        else read_view(spark, target, view_id, at, errors="ignore" if key else "raise")
                                         for at in range(upper)])
-        errors_at = _at_every_time(spark, [view_errors(spark, target, at) for at in range(upper)]) if key else {}
+        errors_at = (_at_every_time(spark, [view_errors(spark, target, at, view_id) for at in range(upper)])
+                     if key or table_layout else {})
         for at in range(upper):
             got, expected = Counter(got_at[at]), Counter(rows_at[at])
             assert got == expected, (f"view {view_id} at time {at}: rows it has too many "
                                      f"{dict(got - expected)}, too few {dict(expected - got)}")
-            if key:
+            if key or table_layout:
                 assert Counter(r[0] for r in errors_at[at]) == expected_errors_at[at], \
                     f"view {view_id}'s errors at time {at}"
 

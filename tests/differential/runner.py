@@ -1,6 +1,6 @@
 """Runs a case: its sources made, each view hydrated and caught up time after time while the
 sources change, and every time of every view compared with the full evaluation of its SQL by
-Spark over the sources as of that time's versions.
+Spark over the sources as of that time's versions (both read by delta-rs, :mod:`.reads`).
 
 A case is a function of its seed (:func:`random_case`), so a seed reproduces it. Views share the
 case's sources and are each hydrated once. A view that crashes or differs is recorded as a
@@ -179,8 +179,9 @@ class Runner:
         """The view's times from ``since`` to its upper each compared with ``sql`` evaluated by
         Spark over the sources at that time's versions; the new upper, and how the first that
         differs differs (None if none)."""
-        from mvsink import read_view
         from mvsink.check import TimelineReader
+
+        from .reads import source_at, view_at
 
         view = materialized.view
         target = view.target
@@ -189,10 +190,9 @@ class Runner:
         for at in range(since, upper):
             versions = reader.versions(at)
             for name, version in versions.items():
-                (self.spark.read.format("delta").option("versionAsOf", version).load(paths[name])
-                 .createOrReplaceTempView(name))
+                source_at(self.spark, paths[name], version).createOrReplaceTempView(name)
             expected = _rows(self.spark.sql(sql))
-            got = _rows(read_view(self.spark, target, view.view_id, at))
+            got = _rows(view_at(self.spark, target, view.view_id, at))
             if got != expected:
                 return upper, (f"time {at} (source versions {versions}): rows it has too many "
                                f"{_some(got - expected)}, too few {_some(expected - got)}")
