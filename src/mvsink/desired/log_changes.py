@@ -8,6 +8,8 @@ exact in the log too: the rows of the data files it added at +1 and of the files
 consolidated, that is the difference of the table's contents after and before the commit (an
 UPDATE that rewrites a file removes its old rows and adds its new ones; the rows it kept cancel,
 and are cancelled as they are read: :func:`log_changes`).
+An ``UPDATE`` by delta-rs is read from its data files even so: its change data files leave rows
+out (:func:`_change_data_holds_the_change`).
 Actions with ``dataChange`` false (OPTIMIZE, compaction) move rows between files without changing
 the contents and are skipped. The work follows the touched files, not the table, and Spark reads
 them as plain Parquet: no change data feed query for Delta to plan.
@@ -300,7 +302,7 @@ def change_files(path: str, spans: list[tuple[int, int, int]], before: T.StructT
     for time, span_first, span_last in spans:
         for version in range(span_first, span_last + 1):
             actions = _actions(path, version)
-            kinds = _CHANGE_DATA if any("cdc" in action for action in actions) else _DATA
+            kinds = _CHANGE_DATA if _change_data_holds_the_change(actions) else _DATA
             for action in actions:
                 metadata_changed |= _check_metadata(action, before, path, first, last)
                 for kind, diff in kinds:
@@ -317,6 +319,19 @@ def change_files(path: str, spans: list[tuple[int, int, int]], before: T.StructT
                     if diff is not None:
                         data_bytes = None if data_bytes is None or "size" not in change else data_bytes + change["size"]
     return ChangeFiles(files, frozenset(partition_columns), metadata_changed, data_bytes)
+
+
+def _change_data_holds_the_change(actions: list[dict]) -> bool:
+    """Whether a commit's change is read from its change data files: it wrote some, and it is not
+    an ``UPDATE`` by delta-rs. delta-rs (1.6.6) leaves out of an update's change data every
+    post-image equal to a row the update matched and left as it was: updating ``k`` to 3 where
+    ``p = 7`` over ``(3, 7), (4, 7), (6, 7)`` writes the pre-images of ``(4, 7)`` and ``(6, 7)``
+    and no post-image. Its added and removed files hold the change exactly."""
+    if not any("cdc" in action for action in actions):
+        return False
+    info = next((action["commitInfo"] for action in actions if "commitInfo" in action), {})
+    engine = str(info.get("clientVersion") or info.get("engineInfo") or "")
+    return not (info.get("operation") == "UPDATE" and engine.startswith("delta-rs"))
 
 
 @lru_cache(maxsize=1024)
