@@ -12,7 +12,7 @@ from pathlib import Path
 
 import duckdb
 
-from helpers import create_source, insert
+from helpers import commit_sql, create_source, insert
 from mvsink.check import TimelineReader, table_at
 from mvsink.target.read import version_of_time
 
@@ -168,13 +168,14 @@ def random_commit(spark, sources: dict[str, str], rng, n: int, next_key: list[in
     elif op == "customer":
         insert(spark, sources["customer"], [(new_keys[0] + n, f"c{new_keys[0] + n}", rng.randint(0, 3))])
     elif op == "rename":
-        spark.sql(f"UPDATE delta.`{sources['customer']}` SET c_name = concat(c_name, '+') WHERE c_custkey % 3 = {n % 3}")
+        commit_sql(spark, f"UPDATE delta.`{sources['customer']}` SET c_name = concat(c_name, '+') "
+                          f"WHERE c_custkey % 3 = {n % 3}")
     elif op == "status":
-        spark.sql(f"UPDATE delta.`{sources['orders']}` SET o_orderstatus = 'F' WHERE o_orderkey % 4 = {n % 4}")
+        commit_sql(spark, f"UPDATE delta.`{sources['orders']}` SET o_orderstatus = 'F' WHERE o_orderkey % 4 = {n % 4}")
     elif op == "cancel":
-        spark.sql(f"DELETE FROM delta.`{sources['orders']}` WHERE o_orderkey % 7 = {n % 7}")
+        commit_sql(spark, f"DELETE FROM delta.`{sources['orders']}` WHERE o_orderkey % 7 = {n % 7}")
     elif op == "drop-lines":
-        spark.sql(f"DELETE FROM delta.`{sources['lineitem']}` WHERE l_linenumber % 3 = {n % 3}")
+        commit_sql(spark, f"DELETE FROM delta.`{sources['lineitem']}` WHERE l_linenumber % 3 = {n % 3}")
     else:
         insert(spark, sources["nation"], [(new_keys[1] + n, f"N{n}")])
 

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import types as T
 
-from helpers import create_source, edit_customers, edit_orders, insert, maintained_against_the_query, query_over_a_source
+from helpers import (commit_sql, create_source, edit_customers, edit_orders, insert, maintained_against_the_query,
+                     query_over_a_source)
 from mvsink.desired import in_process, snapshot
 from mvsink.desired.in_process import local_relation
 from mvsink.desired.arrow_groups import arrow_groups
@@ -65,9 +66,10 @@ def _edit_lines(spark, path: str, rng) -> None:
     if kind == "insert":
         insert(spark, path, [_line(rng, 30) for _ in range(rng.randint(1, 3))])
     elif kind == "delete":
-        spark.sql(f"DELETE FROM delta.`{path}` WHERE pmod(order_id, 5) = {rng.randint(0, 4)}")
+        commit_sql(spark, f"DELETE FROM delta.`{path}` WHERE pmod(order_id, 5) = {rng.randint(0, 4)}")
     elif kind == "move":
-        spark.sql(f"UPDATE delta.`{path}` SET order_id = {rng.randint(0, 30)} WHERE shipped = DATE '2024-01-0{rng.randint(1, 7)}'")
+        commit_sql(spark, f"UPDATE delta.`{path}` SET order_id = {rng.randint(0, 30)} "
+                          f"WHERE shipped = DATE '2024-01-0{rng.randint(1, 7)}'")
     else:
         spark.sql(f"INSERT INTO delta.`{path}` SELECT * FROM delta.`{path}` WHERE order_id = {rng.randint(0, 20)}")
 
@@ -76,8 +78,8 @@ def _edit_orders(spark, path: str, rng, next_id: list[int]) -> None:
     """One commit to orders: the helpers' (inserted with null customers and a duplicate, moved to
     another customer, deleted, deleted and inserted again in one commit), or moved to another date."""
     if rng.random() < 0.2:
-        spark.sql(f"UPDATE delta.`{path}` SET placed = DATE '2024-01-0{rng.randint(1, 7)}' "
-                  f"WHERE pmod(id, 4) = {rng.randint(0, 3)}")
+        commit_sql(spark, f"UPDATE delta.`{path}` SET placed = DATE '2024-01-0{rng.randint(1, 7)}' "
+                          f"WHERE pmod(id, 4) = {rng.randint(0, 3)}")
     else:
         edit_orders(spark, path, rng, next_id, more=lambda: (_day(rng),))
 
@@ -232,9 +234,10 @@ def _customers_moving(spark, sources: dict[str, str], rng):
             edit_customers(spark, sources["customers"], rng, customers=4)
         if rng.random() < 0.4:  # a customer moves, and its orders change at the same time
             cust = rng.randint(1, 3)
-            spark.sql(f"UPDATE delta.`{sources['customers']}` SET segment = '{rng.choice('xy')}' WHERE cust = {cust}")
-            spark.sql(f"UPDATE delta.`{sources['orders']}` SET placed = DATE '2024-01-0{rng.randint(1, 4)}' "
-                      f"WHERE cust = {cust}")
+            commit_sql(spark, f"UPDATE delta.`{sources['customers']}` SET segment = '{rng.choice('xy')}' "
+                              f"WHERE cust = {cust}")
+            commit_sql(spark, f"UPDATE delta.`{sources['orders']}` SET placed = DATE '2024-01-0{rng.randint(1, 4)}' "
+                              f"WHERE cust = {cust}")
 
     return edit
 
@@ -270,7 +273,7 @@ def test_a_step_spark_must_compute_is_computed_by_spark(spark, tmp_path, changes
     def edit() -> None:
         _edit_orders(spark, sources["orders"], rng, next_id)
         if rng.random() < 0.3:
-            spark.sql(f"DELETE FROM delta.`{sources['customers']}` WHERE cust = {rng.randint(1, 4)}")
+            commit_sql(spark, f"DELETE FROM delta.`{sources['customers']}` WHERE cust = {rng.randint(1, 4)}")
 
     with caplog.at_level(logging.INFO, logger="mvsink.desired.snapshot"):
         maintained_against_the_query(spark, tmp_path, sources, REVENUE, edit, rounds=6, rng=rng,

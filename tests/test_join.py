@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from helpers import (create_source, edit_customers, edit_orders, insert, maintained_against_the_query,
+from helpers import (commit_sql, create_source, edit_customers, edit_orders, insert, maintained_against_the_query,
                      query_results_at_every_time)
 from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition
 from mvsink.desired.join import is_inner_join, reads_each_once
@@ -355,9 +355,9 @@ def _edit_lines(spark, src: str, rng) -> None:
     if kind == "insert":
         insert(spark, src, [(rng.choice([*range(30), None]), rng.randint(1, 9)) for _ in range(rng.randint(1, 3))])
     elif kind == "delete":
-        spark.sql(f"DELETE FROM delta.`{src}` WHERE pmod(order_id, 7) = {rng.randint(0, 6)}")
+        commit_sql(spark, f"DELETE FROM delta.`{src}` WHERE pmod(order_id, 7) = {rng.randint(0, 6)}")
     else:
-        spark.sql(f"UPDATE delta.`{src}` SET order_id = {rng.randint(0, 30)} WHERE price = {rng.randint(1, 9)}")
+        commit_sql(spark, f"UPDATE delta.`{src}` SET order_id = {rng.randint(0, 30)} WHERE price = {rng.randint(1, 9)}")
 
 
 #: A source read twice, TPC-H Q7's way: customers as the seller's and as the buyer's, each with an

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from helpers import create_source, edit_customers, edit_orders, insert, maintained_against_the_query
+from helpers import commit_sql, create_source, edit_customers, edit_orders, insert, maintained_against_the_query
 from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition
 from mvsink.desired import changes as changes_module
 from mvsink.desired.linear_aggregate import aggregate_of_aggregate, aggregate_of_groups
@@ -330,9 +330,9 @@ def _edit_payments(spark, src: str, rng: random.Random) -> None:
     if kind == "insert":
         insert(spark, src, [(rng.choice([*range(1, KEYS), None]), rng.randint(0, 4))])
     elif kind == "update":
-        spark.sql(f"UPDATE delta.`{src}` SET paid = paid + 1 WHERE cust = {rng.randint(1, KEYS)}")
+        commit_sql(spark, f"UPDATE delta.`{src}` SET paid = paid + 1 WHERE cust = {rng.randint(1, KEYS)}")
     else:
-        spark.sql(f"DELETE FROM delta.`{src}` WHERE paid = {rng.randint(0, 4)}")
+        commit_sql(spark, f"DELETE FROM delta.`{src}` WHERE paid = {rng.randint(0, 4)}")
 
 
 def _random_commits(spark, sources: dict[str, str], rng: random.Random, without_feed: tuple[str, ...],

@@ -6,8 +6,8 @@ import random
 
 from deltalake import DeltaTable
 
-from helpers import (Replica, create_source, edit_with_restarts, insert, read_plainly_at_every_time, stop_all,
-                     view_upper_of, wait_for, write_config)
+from helpers import (Replica, commit_sql, create_source, edit_with_restarts, insert, read_plainly_at_every_time,
+                     stop_all, view_upper_of, wait_for, write_config)
 from mvsink.check import caught_up, check_table, expected_from_source
 from mvsink.view import resolve_function
 
@@ -33,9 +33,9 @@ def _edit(spark, src, rng: random.Random, version: int, next_id: list[int]) -> N
         next_id[0] += len(rows)
         insert(spark, src, rows)
     elif op == "update":
-        spark.sql(f"UPDATE delta.`{src}` SET v = concat(v, '+{version}') WHERE id % 3 = {version % 3}")
+        commit_sql(spark, f"UPDATE delta.`{src}` SET v = concat(v, '+{version}') WHERE id % 3 = {version % 3}")
     else:
-        spark.sql(f"DELETE FROM delta.`{src}` WHERE id % 7 = {version % 7}")
+        commit_sql(spark, f"DELETE FROM delta.`{src}` WHERE id % 7 = {version % 7}")
 
 
 def test_replicas_with_random_restarts_keep_the_table_exact(spark, tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from helpers import (Replica, create_source, edit_with_restarts, insert, stop_all, view_upper_of, wait_for,
+from helpers import (Replica, commit_sql, create_source, edit_with_restarts, insert, stop_all, view_upper_of, wait_for,
                      write_config)
 from mvsink.check import TimelineReader, caught_up, check_table
 from timeline_views import (CUSTOMERS, LINEITEM, ORDERS, ORDERS_LEFT_CUSTOMERS_SQL, ORDERS_WITH_CUSTOMERS_COLUMNS,
@@ -36,11 +36,11 @@ def _edit(spark, sources: dict[str, str], rng: random.Random, n: int, next_id: l
     elif op == "customer":
         insert(spark, customers, [(6 + n, f"c{n}", rng.choice(["NL", "FR", "DE"]))])
     elif op == "rename":
-        spark.sql(f"UPDATE delta.`{customers}` SET name = concat(name, '+{n}') WHERE id % 3 = {n % 3}")
+        commit_sql(spark, f"UPDATE delta.`{customers}` SET name = concat(name, '+{n}') WHERE id % 3 = {n % 3}")
     elif op == "cancel":
-        spark.sql(f"DELETE FROM delta.`{orders}` WHERE id % 5 = {n % 5}")
+        commit_sql(spark, f"DELETE FROM delta.`{orders}` WHERE id % 5 = {n % 5}")
     else:
-        spark.sql(f"DELETE FROM delta.`{lineitem}` WHERE line % 4 = {n % 4}")
+        commit_sql(spark, f"DELETE FROM delta.`{lineitem}` WHERE line % 4 = {n % 4}")
 
 
 # An inner join's replica processes race in test_pipeline_replicas.py (its silver views).

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from helpers import create_source, insert, query_results_at_every_time
+from helpers import commit_sql, create_source, insert, query_results_at_every_time, replace_where
 from mvsink import ConfigError, MaterializedView, SnapshotInput, ViewDefinition, read_view
 
 ORDERS, RETURNS, CUSTOMERS = ("id BIGINT, cust BIGINT, amount INT", "id BIGINT, cust BIGINT, amount BIGINT",
@@ -114,21 +114,22 @@ def _edit(spark, paths: dict[str, str], rng: random.Random, next_id: list[int]) 
         if kind == "insert":
             insert(spark, src, [(rng.choice([1, 2, 3, 4, None]), rng.choice("xyz"))])
         elif kind == "delete":
-            spark.sql(f"DELETE FROM delta.`{src}` WHERE cust = {rng.randint(1, 4)}")
+            commit_sql(spark, f"DELETE FROM delta.`{src}` WHERE cust = {rng.randint(1, 4)}")
         else:
-            spark.sql(f"UPDATE delta.`{src}` SET segment = '{rng.choice('xyz')}' WHERE cust = {rng.randint(1, 4)}")
+            commit_sql(spark, f"UPDATE delta.`{src}` SET segment = '{rng.choice('xyz')}' "
+                              f"WHERE cust = {rng.randint(1, 4)}")
     elif kind == "insert":
         rows = [(next_id[0] + i, rng.choice([1, 2, 3, 4, None]), rng.randint(0, 5)) for i in range(rng.randint(1, 3))]
         next_id[0] += len(rows)
         insert(spark, src, rows + rows[:1])  # a duplicate
     elif kind == "update":
-        spark.sql(f"UPDATE delta.`{src}` SET cust = {rng.randint(1, 4)}, amount = amount + 1 "
-                  f"WHERE pmod(id, 4) = {rng.randint(0, 3)}")
+        commit_sql(spark, f"UPDATE delta.`{src}` SET cust = {rng.randint(1, 4)}, amount = amount + 1 "
+                          f"WHERE pmod(id, 4) = {rng.randint(0, 3)}")
     elif kind == "delete":
-        spark.sql(f"DELETE FROM delta.`{src}` WHERE pmod(id, 5) = {rng.randint(0, 4)}")
+        commit_sql(spark, f"DELETE FROM delta.`{src}` WHERE pmod(id, 5) = {rng.randint(0, 4)}")
     else:
         id_ = rng.choice([*range(12), *range(50, 58)])
-        spark.sql(f"INSERT INTO delta.`{src}` REPLACE WHERE id = {id_} SELECT * FROM delta.`{src}` WHERE id = {id_}")
+        replace_where(spark, src, "id", id_)
 
 
 def _catch_up(view: MaterializedView) -> set[str]:
