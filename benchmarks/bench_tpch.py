@@ -227,6 +227,111 @@ FROM customer c JOIN orders o ON c.c_custkey = o.o_custkey
 WHERE o.o_orderdate < DATE '1995-03-15'
 GROUP BY o.o_orderkey, c.c_mktsegment, o.o_orderdate, o.o_shippriority
 """, ("o_orderkey",), QUERIES["q3"][2])
+#: The rest of TPC-H's 22 queries, as the specification writes them (its substitution parameters'
+#: validation values), without ``ORDER BY`` and ``LIMIT``; each keyed by the columns that identify
+#: its rows. Q15's view ``revenue0`` is a CTE.
+QUERIES["q2"] = ("""
+SELECT s_acctbal, s_name, n_name, p_partkey, p_mfgr, s_address, s_phone, s_comment
+FROM part, supplier, partsupp, nation, region
+WHERE p_partkey = ps_partkey AND s_suppkey = ps_suppkey AND p_size = 15 AND p_type LIKE '%BRASS'
+  AND s_nationkey = n_nationkey AND n_regionkey = r_regionkey AND r_name = 'EUROPE'
+  AND ps_supplycost = (SELECT min(ps_supplycost) FROM partsupp, supplier, nation, region
+                       WHERE p_partkey = ps_partkey AND s_suppkey = ps_suppkey AND s_nationkey = n_nationkey
+                         AND n_regionkey = r_regionkey AND r_name = 'EUROPE')
+""", ("p_partkey", "s_name"), ("part", "supplier", "partsupp", "nation", "region"))
+QUERIES["q4"] = ("""
+SELECT o_orderpriority, count(*) AS order_count FROM orders
+WHERE o_orderdate >= DATE '1993-07-01' AND o_orderdate < DATE '1993-10-01'
+  AND EXISTS (SELECT * FROM lineitem WHERE l_orderkey = o_orderkey AND l_commitdate < l_receiptdate)
+GROUP BY o_orderpriority
+""", ("o_orderpriority",), ("orders", "lineitem"))
+QUERIES["q11"] = ("""
+SELECT ps_partkey, sum(ps_supplycost * ps_availqty) AS value
+FROM partsupp, supplier, nation
+WHERE ps_suppkey = s_suppkey AND s_nationkey = n_nationkey AND n_name = 'GERMANY'
+GROUP BY ps_partkey
+HAVING sum(ps_supplycost * ps_availqty) > (SELECT sum(ps_supplycost * ps_availqty) * 0.0001
+                                           FROM partsupp, supplier, nation
+                                           WHERE ps_suppkey = s_suppkey AND s_nationkey = n_nationkey
+                                             AND n_name = 'GERMANY')
+""", ("ps_partkey",), ("partsupp", "supplier", "nation"))
+QUERIES["q12"] = ("""
+SELECT l_shipmode,
+       sum(CASE WHEN o_orderpriority = '1-URGENT' OR o_orderpriority = '2-HIGH' THEN 1 ELSE 0 END) AS high_line_count,
+       sum(CASE WHEN o_orderpriority <> '1-URGENT' AND o_orderpriority <> '2-HIGH' THEN 1 ELSE 0 END) AS low_line_count
+FROM orders, lineitem
+WHERE o_orderkey = l_orderkey AND l_shipmode IN ('MAIL', 'SHIP') AND l_commitdate < l_receiptdate
+  AND l_shipdate < l_commitdate AND l_receiptdate >= DATE '1994-01-01' AND l_receiptdate < DATE '1995-01-01'
+GROUP BY l_shipmode
+""", ("l_shipmode",), ("orders", "lineitem"))
+QUERIES["q15"] = ("""
+WITH revenue0 AS (
+  SELECT l_suppkey AS supplier_no, sum(l_extendedprice * (1 - l_discount)) AS total_revenue FROM lineitem
+  WHERE l_shipdate >= DATE '1996-01-01' AND l_shipdate < DATE '1996-04-01' GROUP BY l_suppkey)
+SELECT s_suppkey, s_name, s_address, s_phone, total_revenue FROM supplier, revenue0
+WHERE s_suppkey = supplier_no AND total_revenue = (SELECT max(total_revenue) FROM revenue0)
+""", ("s_suppkey",), ("supplier", "lineitem"))
+QUERIES["q16"] = ("""
+SELECT p_brand, p_type, p_size, count(DISTINCT ps_suppkey) AS supplier_cnt
+FROM partsupp, part
+WHERE p_partkey = ps_partkey AND p_brand <> 'Brand#45' AND p_type NOT LIKE 'MEDIUM POLISHED%'
+  AND p_size IN (49, 14, 23, 45, 19, 3, 36, 9)
+  AND ps_suppkey NOT IN (SELECT s_suppkey FROM supplier WHERE s_comment LIKE '%Customer%Complaints%')
+GROUP BY p_brand, p_type, p_size
+""", ("p_brand", "p_type", "p_size"), ("partsupp", "part", "supplier"))
+QUERIES["q17"] = ("""
+SELECT sum(l_extendedprice) / 7.0 AS avg_yearly FROM lineitem, part
+WHERE p_partkey = l_partkey AND p_brand = 'Brand#23' AND p_container = 'MED BOX'
+  AND l_quantity < (SELECT 0.2 * avg(l_quantity) FROM lineitem WHERE l_partkey = p_partkey)
+""", (), ("lineitem", "part"))
+QUERIES["q18"] = ("""
+SELECT c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice, sum(l_quantity) AS quantity
+FROM customer, orders, lineitem
+WHERE o_orderkey IN (SELECT l_orderkey FROM lineitem GROUP BY l_orderkey HAVING sum(l_quantity) > 300)
+  AND c_custkey = o_custkey AND o_orderkey = l_orderkey
+GROUP BY c_name, c_custkey, o_orderkey, o_orderdate, o_totalprice
+""", ("o_orderkey",), ("customer", "orders", "lineitem"))
+QUERIES["q19"] = ("""
+SELECT sum(l_extendedprice * (1 - l_discount)) AS revenue FROM lineitem, part
+WHERE (p_partkey = l_partkey AND p_brand = 'Brand#12' AND p_container IN ('SM CASE', 'SM BOX', 'SM PACK', 'SM PKG')
+       AND l_quantity >= 1 AND l_quantity <= 11 AND p_size BETWEEN 1 AND 5 AND l_shipmode IN ('AIR', 'AIR REG')
+       AND l_shipinstruct = 'DELIVER IN PERSON')
+   OR (p_partkey = l_partkey AND p_brand = 'Brand#23'
+       AND p_container IN ('MED BAG', 'MED BOX', 'MED PKG', 'MED PACK') AND l_quantity >= 10 AND l_quantity <= 20
+       AND p_size BETWEEN 1 AND 10 AND l_shipmode IN ('AIR', 'AIR REG') AND l_shipinstruct = 'DELIVER IN PERSON')
+   OR (p_partkey = l_partkey AND p_brand = 'Brand#34' AND p_container IN ('LG CASE', 'LG BOX', 'LG PACK', 'LG PKG')
+       AND l_quantity >= 20 AND l_quantity <= 30 AND p_size BETWEEN 1 AND 15 AND l_shipmode IN ('AIR', 'AIR REG')
+       AND l_shipinstruct = 'DELIVER IN PERSON')
+""", (), ("lineitem", "part"))
+QUERIES["q20"] = ("""
+SELECT s_name, s_address FROM supplier, nation
+WHERE s_suppkey IN (
+    SELECT ps_suppkey FROM partsupp
+    WHERE ps_partkey IN (SELECT p_partkey FROM part WHERE p_name LIKE 'forest%')
+      AND ps_availqty > (SELECT 0.5 * sum(l_quantity) FROM lineitem
+                         WHERE l_partkey = ps_partkey AND l_suppkey = ps_suppkey
+                           AND l_shipdate >= DATE '1994-01-01' AND l_shipdate < DATE '1995-01-01'))
+  AND s_nationkey = n_nationkey AND n_name = 'CANADA'
+""", ("s_name",), ("supplier", "nation", "partsupp", "part", "lineitem"))
+QUERIES["q21"] = ("""
+SELECT s_name, count(*) AS numwait FROM supplier, lineitem l1, orders, nation
+WHERE s_suppkey = l1.l_suppkey AND o_orderkey = l1.l_orderkey AND o_orderstatus = 'F'
+  AND l1.l_receiptdate > l1.l_commitdate
+  AND EXISTS (SELECT * FROM lineitem l2 WHERE l2.l_orderkey = l1.l_orderkey AND l2.l_suppkey <> l1.l_suppkey)
+  AND NOT EXISTS (SELECT * FROM lineitem l3 WHERE l3.l_orderkey = l1.l_orderkey AND l3.l_suppkey <> l1.l_suppkey
+                  AND l3.l_receiptdate > l3.l_commitdate)
+  AND s_nationkey = n_nationkey AND n_name = 'SAUDI ARABIA'
+GROUP BY s_name
+""", ("s_name",), ("supplier", "lineitem", "orders", "nation"))
+QUERIES["q22"] = ("""
+SELECT cntrycode, count(*) AS numcust, sum(c_acctbal) AS totacctbal FROM (
+  SELECT substring(c_phone, 1, 2) AS cntrycode, c_acctbal FROM customer
+  WHERE substring(c_phone, 1, 2) IN ('13', '31', '23', '29', '30', '18', '17')
+    AND c_acctbal > (SELECT avg(c_acctbal) FROM customer
+                     WHERE c_acctbal > 0.00 AND substring(c_phone, 1, 2) IN ('13', '31', '23', '29', '30', '18', '17'))
+    AND NOT EXISTS (SELECT * FROM orders WHERE o_custkey = c_custkey)) AS custsale
+GROUP BY cntrycode
+""", ("cntrycode",), ("customer", "orders"))
 #: Each table's key, and its files per scale factor 1 (at least 1).
 TABLES = {"customer": ("c_custkey", 2), "orders": ("o_orderkey", 16), "lineitem": ("l_orderkey", 48),
           "supplier": ("s_suppkey", 1), "nation": ("n_nationkey", 1), "region": ("r_regionkey", 1),
