@@ -108,17 +108,19 @@ def commit_sql(spark, statement: str) -> None:
     ``column % n``: the same rows where the column is not negative. Both write the change data
     feed's files of a table that has it on; a test about Spark's own commits calls ``spark.sql``."""
     match = _UPDATE.fullmatch(statement) or _DELETE.fullmatch(statement)
-    path = match["path"] if match else ""
-    table = _rewritable_by_delta_rs(path) if match else None
+    table = _rewritable_by_delta_rs(match["path"]) if match else None
     if table is None:
         spark.sql(statement)
-        return
-    where = _PMOD.sub(r"(\1 % \2)", match["where"])
-    if "set" not in match.groupdict():
-        table.delete(where)
-        return
-    updates = dict(_assignment(part) for part in _top_level_split(_PMOD.sub(r"(\1 % \2)", match["set"])))
-    table.update(updates=updates, predicate=where, error_on_type_mismatch=False)
+    elif "set" in match.groupdict():
+        updates = dict(_assignment(part) for part in _top_level_split(_datafusion(match["set"])))
+        table.update(updates=updates, predicate=_datafusion(match["where"]), error_on_type_mismatch=False)
+    else:
+        table.delete(_datafusion(match["where"]))
+
+
+def _datafusion(sql: str) -> str:
+    """Spark SQL's ``pmod(column, n)`` in ``sql`` as DataFusion's ``(column % n)``."""
+    return _PMOD.sub(r"(\1 % \2)", sql)
 
 
 def replace_where(spark, path: str, column: str, value) -> None:
