@@ -41,7 +41,9 @@ ANTI_JOINS = {
 
 def test_an_anti_join_follows_its_padded_side(spark, tmp_path, strategies):
     """Orders gaining and losing a priority, deleted, inserted, and a customer moving nation: every
-    form of the anti-join equals the query at every time, maintained (the aggregates per group)."""
+    form of the anti-join equals the query at every time, maintained: the counts moved by the
+    anti-join's rows of the changed customers, recomputed (the aggregate of the join per group,
+    with ``max``, is test_per_key's ``segment-anti``)."""
     sources = {"customer": str(tmp_path / "customer"), "orders": str(tmp_path / "orders")}
     create_source(spark, sources["customer"], CUSTOMER, "c_custkey BIGINT, c_nationkey BIGINT")
     create_source(spark, sources["orders"], ORDERS, "o_orderkey BIGINT, o_custkey BIGINT, o_shippriority INT")
@@ -63,9 +65,11 @@ def test_an_anti_join_follows_its_padded_side(spark, tmp_path, strategies):
             view.run_until_caught_up()
     for name, view in views.items():
         assert view.desired.per_group is not None, name
+        linear_over_keys = view.desired.aggregate is not None and view.desired.per_group.joins
+        assert linear_over_keys == (name in {"v", "plain", "not_exists"}), name
         query_results_at_every_time(spark, sources, ANTI_JOINS[name], {name: str(tmp_path / name)},
                                     str(tmp_path / name) + "_timeline", view.observed_upper)
-    assert set(strategies) == {"per-group recompute"}, strategies
+    assert set(strategies) == {"linear aggregate of per-key recompute"}, strategies
 
 
 def _deletion_vectors_source(spark, path: str, schema: str, rows: list[tuple]) -> None:
