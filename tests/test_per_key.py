@@ -181,6 +181,9 @@ SEGMENT_LEFT_LEFT = ("SELECT c.segment, max(p.paid) AS paid, count(DISTINCT o.id
                      "GROUP BY c.segment")
 CUST_LEFT_LEFT = ("SELECT o.cust, max(c.segment) AS s, count(p.paid) AS n, max(p.paid) AS top FROM orders o "
                   "LEFT JOIN customers c ON c.cust = o.cust LEFT JOIN payments p ON p.paid = o.amount GROUP BY o.cust")
+#: TPC-H Q4's shape: a count over a semi join, grouped by a column of few values that is not its key.
+EXISTS_BY_SEGMENT = ("SELECT c.segment, count(*) AS n, sum(c.cust) AS s FROM customers c WHERE EXISTS "
+                     "(SELECT 1 FROM orders o WHERE o.cust = c.cust AND o.amount > 2) GROUP BY c.segment")
 SEGMENT_ANTI = ("SELECT c.segment, max(c.cust) AS top, count(*) AS n FROM customers c "
                 "WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.cust = c.cust) GROUP BY c.segment")
 
@@ -307,12 +310,14 @@ def test_which_queries_are_rollups(spark, tmp_path, unchanged_sources, sql, roll
     (BY_TOP, ("top",), ("orders",), "per-group recompute"),
     (ROLLUP, ("segment",), (), "linear aggregate"),
     (HISTOGRAM, ("n",), ("orders",), "linear aggregate"),
+    (EXISTS_BY_SEGMENT, ("segment",), ("orders",), "per-key recompute"),  # TPC-H Q4's shape
 ], ids=["by-order-count", "by-segment-customers-no-feed", "by-top-orders-no-feed", "rollup-over-join",
-        "histogram-orders-no-feed"])
+        "histogram-orders-no-feed", "exists-by-segment-orders-no-feed"])
 def test_aggregates_of_aggregates_equal_the_full_evaluation_at_every_time(spark, tmp_path, strategies, sql, key,
                                                                           without_feed, strategy):
     """As the key joins' test above, for a linear aggregate over a per-key or per-group query
-    (moved by its changed groups, recomputed) and over a linear aggregate (moved by the rows the
+    (moved by its changed groups, recomputed; over a semi join by the changed keys, not the
+    groups) and over a linear aggregate (moved by the rows the
     one below retracts and adds: groups below that appear and vanish, counts moving customers
     between the histogram's rows): at every time the view equals the full evaluation, every range
     moved the groups."""
