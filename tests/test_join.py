@@ -398,3 +398,26 @@ def test_a_source_read_twice_is_maintained_as_two_sources(spark, tmp_path, sql, 
     assert view.desired._reads.extra == {f"{twice}__2": twice}
     assert view.desired.sources_read() == ["orders", "customers"]
     assert f"{twice} is read 2 times" in view.desired.strategy_description()
+
+
+#: A source read twice for other columns, TPC-H Q8's way (``nation n1`` by its key alone, ``n2``
+#: for its name too).
+READ_TWICE_OTHER_COLUMNS = ("SELECT c2.segment, sum(o.amount) AS total, count(*) AS n FROM orders o "
+                            "JOIN customers c1 ON o.cust = c1.cust JOIN customers c2 ON c1.cust = c2.cust "
+                            "GROUP BY c2.segment")
+
+
+def test_a_source_read_twice_for_other_columns_has_its_terms_computed_here(spark, tmp_path, changes_computed):
+    """Orders changing under a join that reads customers twice, once for its key alone and once
+    for its segment too: every step's terms are computed in this process, each read of customers
+    with its own columns (a file read for one is not the other's: it was, and every step was
+    evaluated in full), and at every time the view has the query's rows."""
+    rng = random.Random(41)
+    orders, customers = str(tmp_path / "orders"), str(tmp_path / "customers")
+    create_source(spark, orders, [(i, rng.choice([1, 2, 3, None]), rng.randint(0, 5)) for i in range(16)], ORDERS)
+    create_source(spark, customers, [(1, "x"), (2, "y"), (2, "y"), (3, "z"), (4, "x"), (None, "x")], CUSTOMERS)
+    next_id = [100]
+    maintained_against_the_query(spark, tmp_path, {"orders": orders, "customers": customers}, READ_TWICE_OTHER_COLUMNS,
+                                 lambda: edit_orders(spark, orders, rng, next_id), rounds=4, rng=rng)
+    assert changes_computed and all(c.strategy == "linear aggregate" and c.in_process for c in changes_computed), [
+        (c.strategy, c.in_process) for c in changes_computed]

@@ -24,10 +24,13 @@ with ``ΔR`` the rest's own terms (its sources' changes joined with the others, 
 any join's terms, :mod:`mvsink.desired.join`), grouped into ``R``'s state rows. Neither term reads
 the rest whole: ``ΔD`` meets ``R`` (held in Spark, as large as the view's state; or in the driver,
 where the step is computed there: :mod:`mvsink.desired.arrow_dimension`), and ``ΔR`` is the
-change's own work. ``R`` moves by ``ΔR`` at each time, held. A hydration holds ``R`` first and
-computes the groups' state from it, ``γ_G(D ⋈ R)`` (:meth:`HeldRest.groups_state`: the same
-sources read), so the first step where ``D`` moves finds it held; after :data:`QUIET_STEPS` steps
-in which ``D`` did not move, ``R`` is dropped, and held again when ``D`` moves.
+change's own work. ``R`` moves by ``ΔR`` at each time, held. ``R`` is held at the first step
+where ``D`` moves (at the time before it), not by a hydration: until then a step's terms are any
+join's, computed in the driver where they can be (TPC-H Q8's ``part``, which its refreshes never
+change, kept 2.7 s steps in Spark moving ``R``). A state held again while ``R`` is held is
+computed from it, ``γ_G(D ⋈ R)`` (:meth:`HeldRest.groups_state`: the same sources read); after
+:data:`QUIET_STEPS` steps in which ``D`` did not move, ``R`` is dropped, and held again when
+``D`` moves.
 
 The states here are :class:`~mvsink.desired.linear_aggregate.GroupStates`' rows of the view's
 aggregate (its groups ``_mv_g<i>``, counts and sums); ``R``'s rows have ``D``'s grouping columns

@@ -225,7 +225,7 @@ class InProcessTerms:
     def _read_file(self, name: str, uri: str, with_change_type: bool = False) -> pa.Table:
         """The plan's columns of source ``name`` in the Parquet file ``uri`` (a column the file
         lacks: nulls), in their Arrow types; with ``with_change_type``, its change type too."""
-        key = f"{uri}\0{with_change_type}"
+        key = f"{name}\0{uri}\0{with_change_type}"  # a source read twice (nation, nation__2) reads its own columns
         if key in self._files:
             self._files.move_to_end(key)
             return self._files[key]

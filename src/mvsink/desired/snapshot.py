@@ -632,11 +632,13 @@ class SnapshotDesired(Desired):
 
     def _hold_state(self, time: int) -> None:
         """The aggregate's state at ``time`` (and the one below's), from the sources at its versions,
-        held. Over a join with a dimension, the rest of the join is held at ``time`` first and the
-        state is the dimension's rows joined with it (:meth:`HeldRest.groups_state`): the same
-        reads, and a first step where the dimension moves finds the rest held."""
+        held. Over a join with a dimension whose rest is held (at another time), the rest is held
+        at ``time`` first and the state is the dimension's rows joined with it
+        (:meth:`HeldRest.groups_state`): the same reads. A hydration holds no rest: the first step
+        where the dimension moves holds it, and until then the steps' terms are computed as any
+        join's (in this process where they can be)."""
         versions = self.versions(time)
-        if self._rest is not None:  # the rest of the join held first, the state from it (no padding, no below)
+        if self._rest is not None and self._rest.time is not None:  # the state from the rest (no padding, no below)
             self._hold_rest(time)
             dimension = self._rest.split.dimension
             state = self._rest.groups_state(self._pinned(dimension, versions[dimension]))
