@@ -26,8 +26,8 @@ the rest whole: ``ΔD`` meets ``R`` (held in Spark, as large as the view's state
 where the step is computed there: :mod:`mvsink.desired.arrow_dimension`), and ``ΔR`` is the
 change's own work. ``R`` moves by ``ΔR`` at each time, held. ``R`` is held at the first step
 where ``D`` moves (at the time before it), not by a hydration: until then a step's terms are any
-join's, computed in the driver where they can be (TPC-H Q8's ``part``, which its refreshes never
-change, kept 2.7 s steps in Spark moving ``R``). A state held again while ``R`` is held is
+join's, computed in the driver where they can be (a dimension that never changes, TPC-H Q8's
+``part``, costs no step in Spark). A state held again while ``R`` is held is
 computed from it, ``γ_G(D ⋈ R)`` (:meth:`HeldRest.groups_state`: the same sources read); after
 :data:`QUIET_STEPS` steps in which ``D`` did not move, ``R`` is dropped, and held again when
 ``D`` moves.

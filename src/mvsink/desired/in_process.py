@@ -88,7 +88,7 @@ class InProcessTerms:
         self._full_schemas = {name: schemas[name] for name in read}
         self._columns = {name: [(f.name, f.dataType.simpleString()) for f in schemas[name].fields] for name in read}
         self._versions: dict[tuple[str, int], _Version] = {}
-        self._files: OrderedDict[str, pa.Table] = OrderedDict()
+        self._files: OrderedDict[tuple[str, tuple[str, ...], bool], pa.Table] = OrderedDict()
         self._cached_rows = 0
         self._rows_read = 0
 
@@ -225,7 +225,8 @@ class InProcessTerms:
     def _read_file(self, name: str, uri: str, with_change_type: bool = False) -> pa.Table:
         """The plan's columns of source ``name`` in the Parquet file ``uri`` (a column the file
         lacks: nulls), in their Arrow types; with ``with_change_type``, its change type too."""
-        key = f"{name}\0{uri}\0{with_change_type}"  # a source read twice (nation, nation__2) reads its own columns
+        # By the columns read: two reads of one source (nation, nation__2) share a file where they read the same.
+        key = (uri, tuple(self._arrow[name].names), with_change_type)
         if key in self._files:
             self._files.move_to_end(key)
             return self._files[key]
