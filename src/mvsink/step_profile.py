@@ -66,8 +66,7 @@ class StepProfile:
             return
         store = self._sc._jsc.sc().statusStore()
         for job_id in job_ids:
-            submitted = store.job(job_id).submissionTime()
-            phase = self._phase_at(submitted.get().getTime() if submitted.isDefined() else math.inf)
+            phase = self._phase_at(_submitted_millis(store, job_id))
             if phase is not None:
                 self.spark_jobs[phase] += 1
 
@@ -85,3 +84,18 @@ class StepProfile:
 def _status_tracker(sc):
     """The JVM's status tracker of ``sc`` (one py4j object, not three calls per step)."""
     return sc._jsc.sc().statusTracker()
+
+
+def _submitted_millis(store, job_id: int) -> float:
+    """When Spark took job ``job_id`` (ms), or infinity where that is not known: a job of no
+    submission time, or one the status store dropped between listing the tag's jobs and reading
+    this one (it keeps the last ``spark.ui.retainedJobs``, and a step may run more)."""
+    from py4j.protocol import Py4JJavaError
+
+    try:
+        submitted = store.job(job_id).submissionTime()
+    except Py4JJavaError as error:
+        if "NoSuchElementException" not in str(error.java_exception):
+            raise
+        return math.inf
+    return submitted.get().getTime() if submitted.isDefined() else math.inf
