@@ -186,6 +186,13 @@ EXISTS_BY_SEGMENT = ("SELECT c.segment, count(*) AS n, sum(c.cust) AS s FROM cus
                      "(SELECT 1 FROM orders o WHERE o.cust = c.cust AND o.amount > 2) GROUP BY c.segment")
 SEGMENT_ANTI = ("SELECT c.segment, max(c.cust) AS top, count(*) AS n FROM customers c "
                 "WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.cust = c.cust) GROUP BY c.segment")
+#: TPC-H Q18's shape: orders read twice, once in a grouped subquery with ``HAVING`` under a semi
+#: join (which the optimizer repeats for the join's other side), grouped by the key both reads
+#: hold, payments joined by another column (read whole).
+BY_CUST_IN_HAVING = ("SELECT c.cust, c.segment, sum(o.amount) AS total, max(p.paid) AS paid, count(*) AS n "
+                     "FROM customers c JOIN orders o ON o.cust = c.cust JOIN payments p ON p.paid = o.amount "
+                     "WHERE c.cust IN (SELECT cust FROM orders GROUP BY cust HAVING sum(amount) > 6) "
+                     "GROUP BY c.cust, c.segment")
 
 
 @pytest.mark.parametrize("sql, keys, whole, grouping", [
@@ -251,9 +258,13 @@ def test_which_queries_are_aggregates_of_inner_joins(spark, unchanged_sources, h
     (SEGMENT_LEFT_LEFT, ("segment",), ("payments",), False),
     (SEGMENT_ANTI, ("segment",), (), False),
     (CUST_LEFT_LEFT, (), ("customers",), False),
+    (BY_CUST_IN_HAVING, ("cust",), ("orders",), False),
+    ("SELECT a.cust, max(b.amount) AS m, count(*) AS n FROM orders a JOIN orders b ON b.cust = a.id GROUP BY a.cust",
+     ("cust",), (), False),                                                  # orders read twice, the second whole
 ], ids=["segment-max-customers-no-feed", "paid-max-payments-no-feed", "by-order-having-orders-no-feed",
         "by-order-and-segment", "linear-over-it", "segment-left-orders-no-feed", "segment-left-left-payments-no-feed",
-        "segment-anti", "cust-left-left-customers-no-feed"])
+        "segment-anti", "cust-left-left-customers-no-feed", "in-grouped-having-orders-twice-no-feed",
+        "self-join"])
 def test_aggregates_of_inner_joins_equal_the_full_evaluation_at_every_time(spark, tmp_path, strategies, sql, key,
                                                                            without_feed, linear):
     """Random commits to orders, customers and payments (duplicates, null keys, orders moving

@@ -63,7 +63,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from mvsink.desired.row_wise import plan_reads_subqueries, scala_items
+from mvsink.desired.row_wise import HELD_ROWS, plan_reads_subqueries, scala_items
 
 #: Plan nodes over which a query stays linear in each source: row-wise nodes, inner joins and unions.
 _LINEAR_NODES = frozenset({"Project", "Filter", "Join", "Union"})
@@ -171,8 +171,8 @@ def join_keys(result: DataFrame, held: dict[str, DataFrame]) -> dict[str, dict[s
     leaves, _ = linear_leaves(plan, _KEYED_JOINS)
     by_rdd = held_names(held)
     columns = {}  # an output attribute's id -> (source, column, type)
-    for leaf in leaves or []:
-        name = by_rdd.get(leaf.rdd().id())
+    for leaf in leaves or []:  # a leaf may be an aggregate of a source (a grouped subquery): no source's columns
+        name = by_rdd.get(leaf.rdd().id()) if leaf.nodeName() == HELD_ROWS else None
         for attribute in scala_items(leaf.output()):
             columns[attribute.exprId().id()] = (name, attribute.name(), attribute.dataType().simpleString())
     keys: dict[str, dict[str, list[tuple[str, str]]]] = {}

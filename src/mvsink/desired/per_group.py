@@ -20,7 +20,12 @@ optimized logical plan, every expression deterministic and no subquery, is one o
   aggregate view is: each of its rows depends only on the source's rows of one key;
 * an **aggregate of a join** grouped by columns of its sources: one ``Aggregate`` over
   projections, filters and joins (inner; left and right outer, semi and anti) of one scan per
-  source, each read once (no union, no aggregate below), grouping by source columns. Every row of
+  source, each read once (no union), grouping by source columns. A side may be an aggregate of
+  one source (a grouped subquery, ``IN (SELECT k FROM s GROUP BY k HAVING ...)``: TPC-H Q18) where
+  that source holds ``R`` (below) by a column the aggregate groups by: its rows of one value of
+  that column are whole groups of it. A scan the optimizer repeats (the subquery again on the
+  join's other side, inferred from its equality) is one source, each of its places joined by
+  that column to one equal to ``R``. Every row of
   an inner join satisfies every equality of its condition, so a grouping column equals, in every
   row, each column the inner joins equate it with (an outer join's equality does not hold in the
   rows it pads). The group's value is that of some of the grouping columns, ``R``: those one
@@ -171,10 +176,13 @@ def _one_source(aggregate, below, names: dict[int, str] | None) -> PerGroup | No
 
 def _distinct_sources(leaves: list, names: dict[int, str] | None) -> bool:
     """Whether ``leaves`` are distinct sources: each named (by ``names``, where given) and none
-    twice; without names, no two scanning the same rows (a table read twice)."""
+    twice; without names, no two reading the same columns (of the same ids: a source read twice
+    is two reads of their own ids, which the query names as two sources, :mod:`~mvsink.desired.occurrences`;
+    the rows held then tell by name)."""
     if names is not None:
         return len({names.get(leaf.rdd().id()) for leaf in leaves} - {None}) == len(leaves)
-    return not any(a.sameResult(b) for i, a in enumerate(leaves) for b in leaves[i + 1:])
+    ids = [{a.exprId().id() for a in scala_items(leaf.output())} for leaf in leaves]
+    return not any(a & b for i, a in enumerate(ids) for b in ids[i + 1:])
 
 
 class _KeyJoin:
@@ -188,7 +196,11 @@ class _KeyJoin:
         #: Per join, its type and the equalities of its condition: pairs of (leaf index, column).
         self.kinds: list[str] = []
         self.equalities: list[list[tuple[tuple[int, str], tuple[int, str]]]] = []
-        self.aggregated = False  # whether an aggregate of a leaf is among the nodes
+        #: The indexes of the leaves under an aggregate of one leaf (a grouped subquery's).
+        self.aggregated: set[int] = set()
+        #: How many times each leaf (by index) is in the plan: the optimizer repeats a semi join's
+        #: subquery where a join's equality infers it for the other side too (TPC-H Q18).
+        self.occurrences: dict[int, int] = {}
 
     @classmethod
     def of(cls, plan, scan: str) -> _KeyJoin | None:
@@ -214,16 +226,29 @@ class _KeyJoin:
             self.equalities.append(pairs)
             return True
         if name == "Aggregate":  # of one leaf; only its grouping columns trace through it (_trace)
-            self.aggregated = True
-            return plan_is_row_wise(node.child(), scan) and all(
-                _order_free(f) for e in scala_items(node.aggregateExpressions()) for f in _functions(e)
-            ) and self._walk(node.child(), scan, kept)
+            if not (plan_is_row_wise(node.child(), scan) and all(
+                    _order_free(f) for e in scala_items(node.aggregateExpressions()) for f in _functions(e))
+                    and self._walk(node.child(), scan, kept)):
+                return False
+            self.aggregated.add(self._index_of(node.child()))
+            return True
         if name != scan or not node.children().isEmpty():
             return False
+        index = self._index_of(node)
+        if index is None:  # a scan the optimizer repeats (a semi join's subquery, inferred again) is one leaf
+            index = len(self.leaves)
+            self.leaves.append(node)
+        self.occurrences[index] = self.occurrences.get(index, 0) + 1
         if kept:
-            self.kept.add(len(self.leaves))
-        self.leaves.append(node)
+            self.kept.add(index)
         return True
+
+    def _index_of(self, node) -> int | None:
+        """The index of the leaf ``node`` is (or is above, through projections and filters): the same
+        scan, its columns of the same ids; None if it is none of them."""
+        while node.nodeName() in ROW_WISE_NODES:
+            node = node.children().head()
+        return next((i for i, leaf in enumerate(self.leaves) if leaf.equals(node)), None)
 
     def _equality(self, join, expression) -> tuple[tuple[int, str], tuple[int, str]] | None:
         """``expression`` (a conjunct of ``join``'s condition) as the two leaf columns it equates,
@@ -263,7 +288,7 @@ class _KeyJoin:
                     return None
                 node = side[0]
             else:
-                index = next((i for i, leaf in enumerate(self.leaves) if leaf.equals(node)), None)
+                index = self._index_of(node)
                 names = {a.exprId().id(): a.name() for a in scala_items(node.output())}
                 return (index, names[attribute]) if index is not None and attribute in names else None
 
@@ -310,7 +335,7 @@ class _KeyJoin:
         equal to it; a padded leaf, where a join's equality makes a column of it equal to such a
         leaf's column (a row of it is in a row only where that join matched it)."""
         groups = scala_items(aggregate.groupingExpressions())
-        if (not groups or any(g.nodeName() != "AttributeReference" for g in groups) or self.aggregated
+        if (not groups or any(g.nodeName() != "AttributeReference" for g in groups)
                 or not set(self.kinds) <= _GROUPED_JOINS):
             return None
         traced = [self._trace(aggregate.child(), g.exprId().id()) for g in groups]
@@ -335,7 +360,19 @@ class _KeyJoin:
                         if set(grouping) <= holds[j]}
                 if grouping and (len(held), len(grouping)) > (len(best[1]), len(best[0])):
                     best = (grouping, held)
-        return best if 0 < len(best[1]) < len(self.leaves) else None
+        if not 0 < len(best[1]) < len(self.leaves) or not self.aggregated <= set(best[1]):
+            return None  # every leaf holds R (a key join), or an aggregated leaf is read whole
+        grouping, held = best
+        for leaf in (i for i, n in self.occurrences.items() if n > 1):
+            # Each of its places joins it by a column of it equal to R to one equal to R in every row.
+            sides = [b for pairs in self.equalities for x, y in pairs for a, b in ((x, y), (y, x)) if a[0] == leaf]
+            equal = [(a, b) for pairs in self.equalities for x, y in pairs for a, b in ((x, y), (y, x))
+                     if a[0] == leaf and any(a[1] == held.get(leaf, ())[n] and b[0] in self.kept
+                                             and b in classes.get(traced[k], [traced[k]])
+                                             for n, k in enumerate(grouping))]
+            if len(equal) < self.occurrences[leaf] or len(equal) < len(sides):
+                return None
+        return best
 
     def groups_hold_keys(self, aggregate, keys: list[tuple[str, ...]]) -> bool:
         """Whether ``aggregate`` (over the join) groups by, for every key, a column of it of a leaf
