@@ -186,6 +186,18 @@ EXISTS_BY_SEGMENT = ("SELECT c.segment, count(*) AS n, sum(c.cust) AS s FROM cus
                      "(SELECT 1 FROM orders o WHERE o.cust = c.cust AND o.amount > 2) GROUP BY c.segment")
 SEGMENT_ANTI = ("SELECT c.segment, max(c.cust) AS top, count(*) AS n FROM customers c "
                 "WHERE NOT EXISTS (SELECT 1 FROM orders o WHERE o.cust = c.cust) GROUP BY c.segment")
+#: TPC-H Q17's shape: a sum over orders whose amount is below their customer's average, a
+#: correlated scalar subquery (orders read twice; Spark joins the second read's aggregate by the key).
+BELOW_CUSTOMERS_AVERAGE = ("SELECT sum(o.amount) AS total, count(*) AS n FROM orders o JOIN customers c ON c.cust = o.cust "
+                           "WHERE c.segment <> 'z' AND o.amount < (SELECT avg(o2.amount) FROM orders o2 "
+                           "WHERE o2.cust = c.cust)")
+#: TPC-H Q21's shape: per segment, the orders some other customer's order of the same amount
+#: matches and none of those with a larger id does (orders read three times, semi and anti joins
+#: with a non-equi condition; the groups in none of the orders' reads, each read whole).
+MATCHED_NOT_OUTBID = ("SELECT c.segment, count(*) AS n FROM customers c JOIN orders o1 ON o1.cust = c.cust "
+                      "WHERE EXISTS (SELECT 1 FROM orders o2 WHERE o2.amount = o1.amount AND o2.cust <> o1.cust) "
+                      "AND NOT EXISTS (SELECT 1 FROM orders o3 WHERE o3.amount = o1.amount AND o3.cust <> o1.cust "
+                      "AND o3.id > o1.id) GROUP BY c.segment")
 #: TPC-H Q18's shape: orders read twice, once in a grouped subquery with ``HAVING`` under a semi
 #: join (which the optimizer repeats for the join's other side), grouped by the key both reads
 #: hold, payments joined by another column (read whole).
@@ -285,6 +297,25 @@ def test_aggregates_of_inner_joins_equal_the_full_evaluation_at_every_time(spark
     assert f"{', '.join(desired.per_group.whole)} read whole" in desired.strategy_description()
 
 
+def test_a_source_read_whole_at_every_read_is_evaluated_in_full(spark, tmp_path, strategies):
+    """TPC-H Q21's shape: an aggregate of a join whose groups are in none of orders' three reads.
+    A per-group recompute would join each read's change with the other sources and read each read
+    whole before and after, more than the query reads: it is evaluated in full, says why, and is
+    right at every time."""
+    rng = random.Random(41)
+    sources = _sources(spark, tmp_path, rng)
+    edit = _random_commits(spark, sources, rng, (), orders=0.8)
+    with pytest.raises(ConfigError, match="refresh incremental, but .* orders read 3 times"):
+        MaterializedView(spark, ViewDefinition("refused", str(tmp_path / "refused"), SnapshotInput(
+            sql=MATCHED_NOT_OUTBID, refresh="incremental"), sources=sources, replica_id="r1"))
+    view = maintained_against_the_query(spark, tmp_path, sources, MATCHED_NOT_OUTBID, edit, rounds=2, rng=rng,
+                                        key=("segment",), refresh="auto")
+    assert view.desired.per_group is None and view.desired.aggregate is None
+    assert ("evaluated in full at each time (orders read 3 times, the groups in none of its reads: a per-group "
+            "recompute would read it whole 6 times a step)") in view.desired.strategy_description()
+    assert strategies and set(strategies) == {"full evaluation"}, strategies
+
+
 #: Rollups: a linear aggregate of a linear aggregate, over an inner join and over one source.
 ROLLUP = ("SELECT segment, sum(total) AS total, count(*) AS custs, sum(n) AS n FROM (SELECT c.cust, c.segment, "
           "sum(o.amount) AS total, count(*) AS n FROM orders o JOIN customers c ON o.cust = c.cust "
@@ -322,8 +353,9 @@ def test_which_queries_are_rollups(spark, tmp_path, unchanged_sources, sql, roll
     (ROLLUP, ("segment",), (), "linear aggregate"),
     (HISTOGRAM, ("n",), ("orders",), "linear aggregate"),
     (EXISTS_BY_SEGMENT, ("segment",), ("orders",), "per-key recompute"),  # TPC-H Q4's shape
+    (BELOW_CUSTOMERS_AVERAGE, (), ("orders",), "per-key recompute"),  # TPC-H Q17's shape
 ], ids=["by-order-count", "by-segment-customers-no-feed", "by-top-orders-no-feed", "rollup-over-join",
-        "histogram-orders-no-feed", "exists-by-segment-orders-no-feed"])
+        "histogram-orders-no-feed", "exists-by-segment-orders-no-feed", "below-average-orders-no-feed"])
 def test_aggregates_of_aggregates_equal_the_full_evaluation_at_every_time(spark, tmp_path, strategies, sql, key,
                                                                           without_feed, strategy):
     """As the key joins' test above, for a linear aggregate over a per-key or per-group query
