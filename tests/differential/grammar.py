@@ -7,7 +7,8 @@ strategies maintain or refuse: filters and projections, inner joins, left/right/
 ``NOT EXISTS``, ``IN``, ``NOT IN`` over a column holding NULLs, ``LEFT JOIN ... IS NULL``),
 aggregates (count, sum, avg, min, max, count(DISTINCT), grouped or not, ``HAVING``, an
 expression of an aggregate) over one source or a join, ``DISTINCT``, ``UNION ALL`` and
-``UNION``, a source read twice, scalar subqueries and a ``row_number() ... = 1`` dedup.
+``UNION``, a source read twice, scalar subqueries, ``IN`` a grouped subquery with ``HAVING``
+and a ``row_number() ... = 1`` dedup.
 
 Every query is deterministic: a window orders by every column of its rows, so rows it cannot
 tell apart are equal; no floating-point sums.
@@ -300,6 +301,20 @@ def scalar_subquery(rng: random.Random) -> str:
             f"(SELECT avg({inner}) FROM {child} s WHERE s.{fk} = {ALIAS[child]}.{fk})")
 
 
+def grouped_in(rng: random.Random) -> str:
+    """An aggregate over an inner join whose key is ``IN`` a grouped subquery with ``HAVING``
+    (TPC-H Q18's shape): the subquery groups a table by its foreign key, a table of the join again
+    or the one that key reaches."""
+    from_, cols = inner_from(rng, rng.choice([2, 3]))
+    tables = [t for t, a in ALIAS.items() if re.search(rf"\b{t} {a}\b", from_)]
+    child, fk, parent, key = rng.choice([e for e in EDGES if e[0] in tables or e[2] in tables])
+    mine = f"{ALIAS[parent]}.{key}" if parent in tables else f"{ALIAS[child]}.{fk}"
+    number = rng.choice([n for n, _, k in SCHEMAS[child] if k in ("int", "dec")])
+    having = rng.choice([f"count(*) > {rng.randint(1, 3)}", f"sum(s.{number}) > {rng.randint(5, 60)}"])
+    condition = f"{mine} IN (SELECT s.{fk} FROM {child} s GROUP BY s.{fk} HAVING {having})"
+    return grouped(rng, from_, cols, [condition, *where(rng, cols, 1)])
+
+
 def dedup(rng: random.Random) -> str:
     """The first row per key (``row_number() ... = 1``), ordered by a column and then by every
     other column, so that rows tied in the order are equal."""
@@ -319,7 +334,7 @@ FAMILIES: dict[str, Callable[[random.Random], str]] = {
     "filter_project": filter_project, "inner_join": inner_join, "outer_join": outer_join,
     "semi_anti": semi_anti, "aggregate": aggregate, "aggregate_over_join": aggregate_over_join,
     "distinct": distinct, "union": union, "self_join": self_join, "scalar_subquery": scalar_subquery,
-    "dedup": dedup,
+    "dedup": dedup, "grouped_in": grouped_in,
 }
 
 
@@ -342,7 +357,7 @@ FEATURES = {
     "group by": r"\bGROUP BY\b", "having": r"\bHAVING\b", "aggregate expression": r"\) (\*|/|\+) (2|count|max)",
     "distinct": r"SELECT DISTINCT", "union all": r"\bUNION ALL\b", "union": r"\bUNION (?!ALL)",
     "self-join": r"\b(\w+) (\w)1 (LEFT )?JOIN \1 \w2\b", "scalar subquery": r"\(SELECT (avg|max|min|count)",
-    "row_number dedup": r"row_number\(\) OVER",
+    "row_number dedup": r"row_number\(\) OVER", "in a grouped subquery": r"IN \(SELECT s\.\w+ FROM \w+ s GROUP BY",
     "anti-join aggregate": r"LEFT JOIN .* IS NULL.*GROUP BY", "aggregate over exists": r"EXISTS.*\b(avg|sum|count)\(|"
                                                                                          r"(avg|sum|count)\(.*EXISTS",
 }
