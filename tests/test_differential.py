@@ -60,7 +60,7 @@ def _params():
 def test_view_equals_the_full_evaluation_at_every_time(outcomes, seed, view):
     """The view (and its late replica, if it has one) hydrated, then caught up after each time's
     commits: at every time its rows are the query's over the sources at that time's versions;
-    no step raises."""
+    no step raises, and no step's strategy fails (to be evaluated in full instead)."""
     outcome = outcomes(seed)
     failures = [f for f in outcome.failures if f.view == view]
     assert not failures, "\n\n".join(reproduction(CASES[seed], f) for f in failures)
@@ -93,3 +93,21 @@ def test_the_tester_finds_a_delta_rule_broken_on_purpose(spark, tmp_path, monkey
     assert {f.view for f in outcome.failures if f.kind == "mismatch"} == {0, 1}, outcome.failures
     assert all("inner join" in s for strategies in outcome.strategies.values() for s in strategies), outcome.strategies
     assert "SELECT" in reproduction(case, outcome.failures[0])
+
+
+def test_the_tester_reports_a_strategy_that_fails(spark, tmp_path, monkeypatch):
+    """A step whose strategy raises evaluates the query in full instead, so the view stays exact:
+    the tester reports it all the same (``strategy failed``, with why), not only mismatches and
+    crashes. Here the inner join's terms raise at every step."""
+    from mvsink.desired import snapshot
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("terms broken on purpose")
+
+    monkeypatch.setattr(snapshot.SnapshotDesired, "_change_terms", broken)
+    case = random_case(7, families=("inner_join",), times=2, late=0)
+    outcome = Runner(spark, tmp_path).run(case)
+    failed = [f for f in outcome.failures if f.kind == "strategy failed"]
+    assert failed and not [f for f in outcome.failures if f.kind == "mismatch"], (outcome.failures, outcome.strategies)
+    assert "terms broken on purpose" in failed[0].detail
+    assert "strategy failed" in reproduction(case, failed[0])

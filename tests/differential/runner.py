@@ -49,8 +49,10 @@ def random_case(seed: int, families: tuple[str, ...] | None = None, views: int =
 
 @dataclass
 class Failure:
-    """A view that differed from the full evaluation (``mismatch``) or raised (``crash``) at
-    ``time`` (None: at its start); ``replica`` ``late`` if its late replica did."""
+    """A view that differed from the full evaluation (``mismatch``), raised (``crash``), or whose
+    strategy raised in a step that then evaluated the query in full (``strategy failed``: its rows
+    exact, its strategy not) at ``time`` (None: at its start); ``replica`` ``late`` if its late
+    replica did."""
 
     view: int
     sql: str
@@ -63,7 +65,7 @@ class Failure:
     @property
     def signature(self) -> tuple[str, str]:
         """What a smaller case must still show to reproduce it: its kind and, for a crash, the error's type."""
-        return self.kind, self.detail.split(":", 1)[0] if self.kind == "crash" else ""
+        return self.kind, self.detail.split(":", 1)[0] if self.kind in ("crash", "strategy failed") else ""
 
 
 @dataclass
@@ -148,7 +150,9 @@ class Runner:
                 sql, family = case.views[i]
                 try:
                     stepping = clock.monotonic()
-                    outcome.strategies.setdefault(i, set()).update(_catch_up(materialized))
+                    taken, failed = _catch_up(materialized)
+                    outcome.strategies.setdefault(i, set()).update(taken)
+                    outcome.failures += [Failure(i, sql, family, "strategy failed", at, why, replica) for why in failed[:1]]
                     comparing = clock.monotonic()
                     compared[key], differ = self._compare(materialized, sql, paths, compared[key])
                     outcome.step_seconds += comparing - stepping
@@ -199,17 +203,21 @@ class Runner:
         return upper, None
 
 
-def _catch_up(materialized, max_steps: int = 50) -> set[str]:
-    """Steps until caught up; the strategies of its steps' changes (with why one was evaluated in full)."""
-    taken = set()
+def _catch_up(materialized, max_steps: int = 50) -> tuple[set[str], list[str]]:
+    """Steps until caught up; the strategies of its steps' changes (with why one was evaluated in
+    full), and why each step whose strategy failed did (the step evaluated the query in full
+    instead: exact, but a defect of the strategy's)."""
+    taken, failed = set(), []
     for _ in range(max_steps):
         report = materialized.step()
         if report.strategy not in (None, "hydration"):
             taken.add(report.strategy + (f" ({report.fallback.kind})" if report.fallback else ""))
+        if report.fallback is not None and report.fallback.kind == "failed":
+            failed.append(report.fallback.why)
         last = materialized.timeline.last()
         if (report.desc is None and last is not None and report.upper >= materialized.timeline.upper
                 and last.versions == materialized.desired.latest_versions()):
-            return taken
+            return taken, failed
     raise RuntimeError(f"did not catch up in {max_steps} steps")
 
 
