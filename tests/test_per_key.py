@@ -234,6 +234,9 @@ BY_CUST_IN_HAVING = ("SELECT c.cust, c.segment, sum(o.amount) AS total, max(p.pa
     (SEGMENT_LEFT_LEFT, {"customers": ("segment",)}, ("orders", "payments"), (0,)),
     (SEGMENT_ANTI, {"customers": ("segment",)}, ("orders",), (0,)),
     (CUST_LEFT_LEFT, BY_CUST, ("payments",), (0,)),
+    ("SELECT c.segment, max(o.amount) AS m FROM customers c JOIN orders o ON o.cust = c.cust "
+     "WHERE c.cust IN (SELECT cust FROM payments) GROUP BY c.segment",
+     None, None, None),                                      # a subquery repeated by the optimizer, read whole
     ("SELECT o.cust, o.amount, max(c.segment) AS s FROM orders o LEFT JOIN customers c ON c.cust = o.cust "
      "JOIN payments p ON p.paid = o.id GROUP BY o.cust, o.amount",
      BY_CUST, ("payments",), (0,)),                                          # the columns a padded side holds too
@@ -248,7 +251,7 @@ BY_CUST_IN_HAVING = ("SELECT c.cust, c.segment, sum(o.amount) AS total, max(p.pa
      "GROUP BY c.segment", None, None, None),                                # a full outer join pads both
 ], ids=["segment-max", "paid-max", "by-order-having", "held-by-two", "each-by-one", "one-holds-both", "computed",
         "rand", "float-sum", "non-equi", "no-group-by", "self", "segment-left", "segment-left-left", "segment-anti",
-        "cust-left-left", "held-with-padded", "right", "padded-group", "padded-side-holds", "full"])
+        "cust-left-left", "repeated-whole", "held-with-padded", "right", "padded-group", "padded-side-holds", "full"])
 def test_which_queries_are_aggregates_of_inner_joins(spark, unchanged_sources, held_rows, sql, keys, whole, grouping):
     """Over rows held in Spark, each source read once, as a view checks it (and over the sources
     first): the grouping columns the sources that hold them restrict by (those the most sources

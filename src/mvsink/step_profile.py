@@ -22,6 +22,8 @@ import math
 import time
 from contextlib import contextmanager
 
+from py4j.protocol import Py4JJavaError
+
 #: The phases of a step, in the order they run (see :mod:`mvsink.sink`).
 PHASES = ("readback", "mint", "input", "correction", "key_check", "staging", "commit", "upkeep")
 
@@ -90,8 +92,6 @@ def _submitted_millis(store, job_id: int) -> float:
     """When Spark took job ``job_id`` (ms), or infinity where that is not known: a job of no
     submission time, or one the status store dropped between listing the tag's jobs and reading
     this one (it keeps the last ``spark.ui.retainedJobs``, and a step may run more)."""
-    from py4j.protocol import Py4JJavaError
-
     try:
         submitted = store.job(job_id).submissionTime()
     except Py4JJavaError as error:

@@ -50,13 +50,17 @@ class Reads:
         """``sources`` (name -> path), with each added name at its source's path."""
         return {**sources, **{name: sources[source] for name, source in self.extra.items()}}
 
-    def words(self) -> str:
-        """Which sources are read more than once and under which names (empty: none), in words."""
+    def by_source(self) -> dict[str, list[str]]:
+        """Each source read more than once, with the names of its reads (its own first)."""
         names: dict[str, list[str]] = {}
         for name, source in self.extra.items():
             names.setdefault(source, [source]).append(name)
+        return names
+
+    def words(self) -> str:
+        """Which sources are read more than once and under which names (empty: none), in words."""
         return "".join(f"; {source} is read {len(read)} times, as the sources {', '.join(read)}"
-                       for source, read in names.items())
+                       for source, read in self.by_source().items())
 
     def declared(self, names) -> list[str]:
         """``names`` as the declared sources they read, each once, in their order."""

@@ -364,13 +364,12 @@ class _KeyJoin:
             return None  # every leaf holds R (a key join), or an aggregated leaf is read whole
         grouping, held = best
         for leaf in (i for i, n in self.occurrences.items() if n > 1):
-            # Each of its places joins it by a column of it equal to R to one equal to R in every row.
-            sides = [b for pairs in self.equalities for x, y in pairs for a, b in ((x, y), (y, x)) if a[0] == leaf]
-            equal = [(a, b) for pairs in self.equalities for x, y in pairs for a, b in ((x, y), (y, x))
-                     if a[0] == leaf and any(a[1] == held.get(leaf, ())[n] and b[0] in self.kept
-                                             and b in classes.get(traced[k], [traced[k]])
-                                             for n, k in enumerate(grouping))]
-            if len(equal) < self.occurrences[leaf] or len(equal) < len(sides):
+            # Each of its places joins it by its column equal to R to a kept leaf's column equal to R.
+            touching = [(a, b) for pairs in self.equalities for x, y in pairs for a, b in ((x, y), (y, x))
+                        if a[0] == leaf]
+            if leaf not in held or len(touching) < self.occurrences[leaf] or not all(
+                    any(a[1] == held[leaf][n] and b[0] in self.kept and b in classes.get(traced[k], [traced[k]])
+                        for n, k in enumerate(grouping)) for a, b in touching):
                 return None
         return best
 
