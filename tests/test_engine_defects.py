@@ -2,7 +2,8 @@
 an anti-join written as an outer join and ``IS NULL`` (aggregated, rolled up, and its rows alone;
 and as ``NOT EXISTS``) follows changes of its padded side; an aggregate under an expression over
 a semi join (``EXISTS``) of sources with deletion vectors, whose step plans the optimizer gives
-runtime filters, keeps its strategy, and a replica started later follows it too; and a step whose
+runtime filters, keeps its strategy, and a replica started later follows it too; a correlated
+scalar subquery stays maintained over a late replica's step of several times; and a step whose
 strategy fails (a failpoint raising) is evaluated in full for its times, logged, exactly, and the
 next step is maintained again, while a configuration error still stops the step."""
 
@@ -72,9 +73,10 @@ def test_an_anti_join_follows_its_padded_side(spark, tmp_path, strategies):
     assert set(strategies) == {"linear aggregate of per-key recompute"}, strategies
 
 
-def _deletion_vectors_source(spark, path: str, schema: str, rows: list[tuple]) -> None:
+def _source(spark, path: str, schema: str, rows: list[tuple], feed: bool = True, deletion_vectors: bool = True) -> None:
     spark.sql(f"CREATE TABLE delta.`{path}` ({schema}) USING delta TBLPROPERTIES "
-              "(delta.enableChangeDataFeed = true, delta.enableDeletionVectors = true)")
+              f"(delta.enableChangeDataFeed = {str(feed).lower()}, "
+              f"delta.enableDeletionVectors = {str(deletion_vectors).lower()})")
     insert(spark, path, rows)
 
 
@@ -91,13 +93,13 @@ def test_an_aggregate_under_an_expression_over_sources_with_deletion_vectors(spa
     of its own), which the strategy reads through; its view, and a replica that caught up only at
     the end over every time at once, equal the query at every time."""
     sources = {name: str(tmp_path / name) for name in ("lineitem", "part", "partsupp")}
-    _deletion_vectors_source(spark, sources["lineitem"], "l_orderkey BIGINT, l_partkey BIGINT, l_suppkey BIGINT, "
+    _source(spark, sources["lineitem"], "l_orderkey BIGINT, l_partkey BIGINT, l_suppkey BIGINT, "
                              "l_discount DECIMAL(12,2), l_shipdate DATE",
                              [(i, 1 + i % 3, 1 + i % 4, Decimal(i % 10) / 100,
                                datetime.date(1994 + i % 3, 1 + i % 12, 1)) for i in range(60)])
-    _deletion_vectors_source(spark, sources["part"], "p_partkey BIGINT, p_mfgr STRING",
+    _source(spark, sources["part"], "p_partkey BIGINT, p_mfgr STRING",
                              [(1, "m1"), (2, "m2"), (3, "m1")])
-    _deletion_vectors_source(spark, sources["partsupp"], "ps_partkey BIGINT, ps_suppkey BIGINT",
+    _source(spark, sources["partsupp"], "ps_partkey BIGINT, ps_suppkey BIGINT",
                              [(p, s) for p in range(1, 4) for s in range(1, 5)])
 
     def view(replica: str) -> MaterializedView:
@@ -117,6 +119,48 @@ def test_an_aggregate_under_an_expression_over_sources_with_deletion_vectors(spa
     # each side of unknown size in the strategy's terms, stacked: 10-20 s a step over these 60 rows
     assert first.desired.session().conf.get("spark.sql.optimizer.runtime.bloomFilter.enabled") == "false"
     query_results_at_every_time(spark, sources, DISCOUNTS, {"v": str(tmp_path / "v")}, str(tmp_path / "v_timeline"),
+                                first.observed_upper)
+    assert strategies and "full evaluation" not in strategies, strategies
+
+
+#: Each nation's count of distinct customers: a correlated scalar subquery in the projection.
+RELATED = ("SELECT n.n_name, n.n_nationkey, (SELECT count(DISTINCT s.c_custkey) FROM customer s "
+           "WHERE s.c_nationkey = n.n_nationkey) AS related FROM nation n")
+
+
+def test_a_correlated_scalar_subquery_is_maintained_by_a_replica_catching_up_over_several_times(
+        spark, tmp_path, strategies):
+    """The differential tester's seed 9121, shrunk: a late replica's one step over two times,
+    customers added then a nation renamed, by Spark. That step read nation as a union of its rows,
+    and Spark's optimizer, pushing the projection with the subquery through that union, failed
+    (``key not found: c_nationkey``): the step was evaluated in full. Now every step of both
+    replicas is maintained and both equal the query at every time."""
+    sources = {"nation": str(tmp_path / "nation"), "customer": str(tmp_path / "customer")}
+    nation, customer = sources["nation"], sources["customer"]
+    for path, schema in ((nation, "n_nationkey INT, n_name STRING, n_region INT"),
+                         (customer, "c_custkey BIGINT, c_nationkey INT, c_segment STRING")):
+        spark.sql(f"CREATE TABLE delta.`{path}` ({schema}) USING delta "
+                  "TBLPROPERTIES (delta.enableChangeDataFeed = false)")
+    spark.sql(f"INSERT INTO delta.`{nation}` VALUES (0, 'ASIA', 0), (1, 'EU', 2), (2, NULL, 0), (3, 'ASIA', 1)")
+    spark.sql(f"INSERT INTO delta.`{customer}` VALUES (1, 3, 'AUTO'), (2, 3, 'BUILD'), (3, 4, 'BUILD'), "
+              "(4, 1, 'BUILD'), (5, 4, 'AUTO'), (6, 5, 'AUTO'), (7, 1, 'AUTO'), (8, 0, 'AUTO'), (9, 3, 'BUILD'), "
+              "(10, 0, 'AUTO'), (11, 0, 'FURN'), (12, 4, 'AUTO'), (11, 5, 'BUILD'), (11, NULL, 'FURN'), "
+              "(8, 0, 'AUTO'), (11, 5, 'BUILD')")
+
+    def view(replica: str) -> MaterializedView:
+        return MaterializedView(spark, ViewDefinition("v", str(tmp_path / "v"), SnapshotInput(sql=RELATED, refresh="incremental"),
+                                                      sources=sources, replica_id=replica))
+    late, first = view("r2"), view("r1")
+    late.run_until_caught_up()
+    first.run_until_caught_up()
+    for commit in [f"INSERT INTO delta.`{customer}` VALUES (11, 5, 'AUTO'), (5, 2, 'FURN'), (7, 4, 'BUILD'), "
+                   "(11, 5, 'AUTO')",
+                   f"UPDATE delta.`{nation}` SET n_name = 'US' WHERE pmod(n_nationkey, 4) = 1"]:
+        spark.sql(commit)
+        first.run_until_caught_up()
+    late.run_until_caught_up()
+    assert first.observed_upper == late.observed_upper >= 3
+    query_results_at_every_time(spark, sources, RELATED, {"v": str(tmp_path / "v")}, str(tmp_path / "v_timeline"),
                                 first.observed_upper)
     assert strategies and "full evaluation" not in strategies, strategies
 

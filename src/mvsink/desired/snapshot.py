@@ -511,13 +511,21 @@ class SnapshotDesired(Desired):
           rewrite it (Spark 4.0: ``NoSuchElementException: key not found`` in
           ``UnionBase.rewriteConstraints``): the view could never hydrate. What it infers (null
           checks, filters carried across a join's equality) the terms' explicit key ranges
-          already give; no step measured slower without it."""
+          already give; no step measured slower without it.
+        * Pushing a projection through a ``Union`` (``PushProjectionThroughUnion``, and
+          ``CombineUnions``, which calls it while flattening unions). With a correlated scalar
+          subquery in the projection and a source read as a union of its rows (a late replica's
+          step over several times), the projection it pushes names the subquery's column, which
+          is not among the union's (Spark 4.0: ``NoSuchElementException: key not
+          found`` in ``PushProjectionThroughUnion.pushToRight``): the step's strategy failed and
+          it was evaluated in full. ``ColumnPruning`` still prunes each child of a union."""
         if self.input.sql is None:
             return self.spark
         if self._sql_session is None:
             self._sql_session = self.spark.newSession()
             self._sql_session.conf.set("spark.sql.optimizer.runtime.bloomFilter.enabled", "false")
             self._sql_session.conf.set("spark.sql.constraintPropagation.enabled", "false")
+            self._sql_session.conf.set("spark.sql.optimizer.excludedRules", _EXCLUDED_RULES)
         return self._sql_session
 
     def _contents(self, versions: dict[str, int], given: dict[str, DataFrame] | None = None) -> DataFrame:
@@ -1628,6 +1636,11 @@ def _read_whole_at_every_read(reads: Reads, whole: tuple[str, ...]) -> str | Non
     return next((f"{source} read {len(read)} times, the groups in none of its reads: a per-group recompute "
                  f"would read it whole {2 * len(read)} times a step" for source, read in reads.by_source().items()
                  if set(read) <= set(whole)), None)
+
+
+#: Optimizer rules a SQL view's session runs without (:meth:`SnapshotDesired.session`).
+_EXCLUDED_RULES = ",".join(f"org.apache.spark.sql.catalyst.optimizer.{rule}"
+                           for rule in ("PushProjectionThroughUnion", "CombineUnions"))
 
 
 def _delta_tables(frame: DataFrame, analyzed: bool = False) -> set[str]:
