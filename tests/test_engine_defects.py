@@ -101,26 +101,36 @@ def test_an_aggregate_under_an_expression_over_sources_with_deletion_vectors(spa
                              [(1, "m1"), (2, "m2"), (3, "m1")])
     _source(spark, sources["partsupp"], "ps_partkey BIGINT, ps_suppkey BIGINT",
                              [(p, s) for p in range(1, 4) for s in range(1, 5)])
-
-    def view(replica: str) -> MaterializedView:
-        return MaterializedView(spark, ViewDefinition("v", str(tmp_path / "v"), SnapshotInput(sql=DISCOUNTS, refresh="incremental"),
-                                                      sources=sources, replica_id=replica))
-    first, late = view("r1"), view("r2")
-    first.run_until_caught_up()
-    late.run_until_caught_up()
-    for commit in [f"DELETE FROM delta.`{sources['partsupp']}` WHERE ps_partkey = 1 AND ps_suppkey = 2",
-                   f"DELETE FROM delta.`{sources['lineitem']}` WHERE l_orderkey % 5 = 0",
-                   f"INSERT INTO delta.`{sources['partsupp']}` VALUES (1, 2)",
-                   f"UPDATE delta.`{sources['part']}` SET p_mfgr = 'm3' WHERE p_partkey = 3"]:
-        spark.sql(commit)
-        first.run_until_caught_up()
-    late.run_until_caught_up()
+    first = _with_a_late_replica(spark, tmp_path, sources, DISCOUNTS, [
+        f"DELETE FROM delta.`{sources['partsupp']}` WHERE ps_partkey = 1 AND ps_suppkey = 2",
+        f"DELETE FROM delta.`{sources['lineitem']}` WHERE l_orderkey % 5 = 0",
+        f"INSERT INTO delta.`{sources['partsupp']}` VALUES (1, 2)",
+        f"UPDATE delta.`{sources['part']}` SET p_mfgr = 'm3' WHERE p_partkey = 3"])
     # the view's own session plans no runtime bloom filter: the optimizer put one (a Spark job) on
     # each side of unknown size in the strategy's terms, stacked: 10-20 s a step over these 60 rows
     assert first.desired.session().conf.get("spark.sql.optimizer.runtime.bloomFilter.enabled") == "false"
-    query_results_at_every_time(spark, sources, DISCOUNTS, {"v": str(tmp_path / "v")}, str(tmp_path / "v_timeline"),
-                                first.observed_upper)
     assert strategies and "full evaluation" not in strategies, strategies
+
+
+def _with_a_late_replica(spark, tmp_path, sources: dict[str, str], sql: str, commits: list[str]) -> MaterializedView:
+    """The view ``v`` of ``sql`` (replica r1) stepped after each of ``commits``, and its replica r2,
+    hydrated at the start and caught up only at the end, over every time in one step: both hold
+    the same times, and the view equals the query at every one. Returns r1."""
+
+    def view(replica: str) -> MaterializedView:
+        return MaterializedView(spark, ViewDefinition("v", str(tmp_path / "v"), SnapshotInput(sql=sql, refresh="incremental"),
+                                                      sources=sources, replica_id=replica))
+    late, first = view("r2"), view("r1")
+    late.run_until_caught_up()
+    first.run_until_caught_up()
+    for commit in commits:
+        spark.sql(commit)
+        first.run_until_caught_up()
+    late.run_until_caught_up()
+    assert first.observed_upper == late.observed_upper >= len(commits) + 1
+    query_results_at_every_time(spark, sources, sql, {"v": str(tmp_path / "v")}, str(tmp_path / "v_timeline"),
+                                first.observed_upper)
+    return first
 
 
 #: Each nation's count of distinct customers: a correlated scalar subquery in the projection.
@@ -146,22 +156,9 @@ def test_a_correlated_scalar_subquery_is_maintained_by_a_replica_catching_up_ove
               "(4, 1, 'BUILD'), (5, 4, 'AUTO'), (6, 5, 'AUTO'), (7, 1, 'AUTO'), (8, 0, 'AUTO'), (9, 3, 'BUILD'), "
               "(10, 0, 'AUTO'), (11, 0, 'FURN'), (12, 4, 'AUTO'), (11, 5, 'BUILD'), (11, NULL, 'FURN'), "
               "(8, 0, 'AUTO'), (11, 5, 'BUILD')")
-
-    def view(replica: str) -> MaterializedView:
-        return MaterializedView(spark, ViewDefinition("v", str(tmp_path / "v"), SnapshotInput(sql=RELATED, refresh="incremental"),
-                                                      sources=sources, replica_id=replica))
-    late, first = view("r2"), view("r1")
-    late.run_until_caught_up()
-    first.run_until_caught_up()
-    for commit in [f"INSERT INTO delta.`{customer}` VALUES (11, 5, 'AUTO'), (5, 2, 'FURN'), (7, 4, 'BUILD'), "
-                   "(11, 5, 'AUTO')",
-                   f"UPDATE delta.`{nation}` SET n_name = 'US' WHERE pmod(n_nationkey, 4) = 1"]:
-        spark.sql(commit)
-        first.run_until_caught_up()
-    late.run_until_caught_up()
-    assert first.observed_upper == late.observed_upper >= 3
-    query_results_at_every_time(spark, sources, RELATED, {"v": str(tmp_path / "v")}, str(tmp_path / "v_timeline"),
-                                first.observed_upper)
+    _with_a_late_replica(spark, tmp_path, sources, RELATED, [
+        f"INSERT INTO delta.`{customer}` VALUES (11, 5, 'AUTO'), (5, 2, 'FURN'), (7, 4, 'BUILD'), (11, 5, 'AUTO')",
+        f"UPDATE delta.`{nation}` SET n_name = 'US' WHERE pmod(n_nationkey, 4) = 1"])
     assert strategies and "full evaluation" not in strategies, strategies
 
 
