@@ -512,20 +512,22 @@ class SnapshotDesired(Desired):
           ``UnionBase.rewriteConstraints``): the view could never hydrate. What it infers (null
           checks, filters carried across a join's equality) the terms' explicit key ranges
           already give; no step measured slower without it.
-        * Pushing a projection through a ``Union`` (``PushProjectionThroughUnion``, and
-          ``CombineUnions``, which calls it while flattening unions). With a correlated scalar
+        * For a query with a scalar subquery, pushing a projection through a ``Union``
+          (``PushProjectionThroughUnion``, and ``CombineUnions``, which calls it while flattening
+          unions; set in :meth:`_user_schema`, once the query is analyzed). With a correlated scalar
           subquery in the projection and a source read as a union of its rows (a late replica's
           step over several times), the projection it pushes names the subquery's column, which
           is not among the union's (Spark 4.0: ``NoSuchElementException: key not
           found`` in ``PushProjectionThroughUnion.pushToRight``): the step's strategy failed and
-          it was evaluated in full. ``ColumnPruning`` still prunes each child of a union."""
+          it was evaluated in full. ``ColumnPruning`` still prunes each child of a union. Not
+          for every query: without ``CombineUnions`` a ``UNION`` of three stays two nested
+          ``DISTINCT`` aggregates, which no strategy maintains."""
         if self.input.sql is None:
             return self.spark
         if self._sql_session is None:
             self._sql_session = self.spark.newSession()
             self._sql_session.conf.set("spark.sql.optimizer.runtime.bloomFilter.enabled", "false")
             self._sql_session.conf.set("spark.sql.constraintPropagation.enabled", "false")
-            self._sql_session.conf.set("spark.sql.optimizer.excludedRules", _EXCLUDED_RULES)
         return self._sql_session
 
     def _contents(self, versions: dict[str, int], given: dict[str, DataFrame] | None = None) -> DataFrame:
@@ -571,6 +573,9 @@ class SnapshotDesired(Desired):
         versions = self.schema_versions()
         rows = {name: self.read_source(name, versions[name], self.session()) for name in self.sources}
         result = self._query(rows)
+        if self.input.sql is not None and _has_scalar_subquery(result):
+            # before any of the view's plans is optimized: all are optimized alike
+            self.session().conf.set("spark.sql.optimizer.excludedRules", _EXCLUDED_RULES)
         read = _delta_tables(result)
         self.read = tuple(name for name, frame in rows.items() if _delta_tables(frame, analyzed=True) & read)
         self.row_wise = len(self.read) == 1 and is_row_wise(result, TABLE_SCAN)
@@ -1638,9 +1643,16 @@ def _read_whole_at_every_read(reads: Reads, whole: tuple[str, ...]) -> str | Non
                  if set(read) <= set(whole)), None)
 
 
-#: Optimizer rules a SQL view's session runs without (:meth:`SnapshotDesired.session`).
+#: Optimizer rules the session of a SQL view with a scalar subquery runs without
+#: (:meth:`SnapshotDesired.session`).
 _EXCLUDED_RULES = ",".join(f"org.apache.spark.sql.catalyst.optimizer.{rule}"
                            for rule in ("PushProjectionThroughUnion", "CombineUnions"))
+
+
+def _has_scalar_subquery(frame: DataFrame) -> bool:
+    """Whether ``frame``'s analyzed plan has a scalar subquery (in any expression of any node)."""
+    patterns = frame.sparkSession._jvm.org.apache.spark.sql.catalyst.trees.TreePattern
+    return frame._jdf.queryExecution().analyzed().containsPattern(patterns.SCALAR_SUBQUERY())
 
 
 def _delta_tables(frame: DataFrame, analyzed: bool = False) -> set[str]:
