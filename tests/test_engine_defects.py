@@ -73,10 +73,9 @@ def test_an_anti_join_follows_its_padded_side(spark, tmp_path, strategies):
     assert set(strategies) == {"linear aggregate of per-key recompute"}, strategies
 
 
-def _source(spark, path: str, schema: str, rows: list[tuple], feed: bool = True, deletion_vectors: bool = True) -> None:
+def _deletion_vectors_source(spark, path: str, schema: str, rows: list[tuple]) -> None:
     spark.sql(f"CREATE TABLE delta.`{path}` ({schema}) USING delta TBLPROPERTIES "
-              f"(delta.enableChangeDataFeed = {str(feed).lower()}, "
-              f"delta.enableDeletionVectors = {str(deletion_vectors).lower()})")
+              "(delta.enableChangeDataFeed = true, delta.enableDeletionVectors = true)")
     insert(spark, path, rows)
 
 
@@ -93,13 +92,13 @@ def test_an_aggregate_under_an_expression_over_sources_with_deletion_vectors(spa
     of its own), which the strategy reads through; its view, and a replica that caught up only at
     the end over every time at once, equal the query at every time."""
     sources = {name: str(tmp_path / name) for name in ("lineitem", "part", "partsupp")}
-    _source(spark, sources["lineitem"], "l_orderkey BIGINT, l_partkey BIGINT, l_suppkey BIGINT, "
+    _deletion_vectors_source(spark, sources["lineitem"], "l_orderkey BIGINT, l_partkey BIGINT, l_suppkey BIGINT, "
                              "l_discount DECIMAL(12,2), l_shipdate DATE",
                              [(i, 1 + i % 3, 1 + i % 4, Decimal(i % 10) / 100,
                                datetime.date(1994 + i % 3, 1 + i % 12, 1)) for i in range(60)])
-    _source(spark, sources["part"], "p_partkey BIGINT, p_mfgr STRING",
+    _deletion_vectors_source(spark, sources["part"], "p_partkey BIGINT, p_mfgr STRING",
                              [(1, "m1"), (2, "m2"), (3, "m1")])
-    _source(spark, sources["partsupp"], "ps_partkey BIGINT, ps_suppkey BIGINT",
+    _deletion_vectors_source(spark, sources["partsupp"], "ps_partkey BIGINT, ps_suppkey BIGINT",
                              [(p, s) for p in range(1, 4) for s in range(1, 5)])
     first = _with_a_late_replica(spark, tmp_path, sources, DISCOUNTS, [
         f"DELETE FROM delta.`{sources['partsupp']}` WHERE ps_partkey = 1 AND ps_suppkey = 2",

@@ -575,7 +575,7 @@ class SnapshotDesired(Desired):
         result = self._query(rows)
         if self.input.sql is not None and _has_scalar_subquery(result):
             # before any of the view's plans is optimized: all are optimized alike
-            self.session().conf.set("spark.sql.optimizer.excludedRules", _EXCLUDED_RULES)
+            _exclude_rules(self.session(), _UNION_PUSHDOWN_RULES)
         read = _delta_tables(result)
         self.read = tuple(name for name, frame in rows.items() if _delta_tables(frame, analyzed=True) & read)
         self.row_wise = len(self.read) == 1 and is_row_wise(result, TABLE_SCAN)
@@ -1645,8 +1645,15 @@ def _read_whole_at_every_read(reads: Reads, whole: tuple[str, ...]) -> str | Non
 
 #: Optimizer rules the session of a SQL view with a scalar subquery runs without
 #: (:meth:`SnapshotDesired.session`).
-_EXCLUDED_RULES = ",".join(f"org.apache.spark.sql.catalyst.optimizer.{rule}"
-                           for rule in ("PushProjectionThroughUnion", "CombineUnions"))
+_UNION_PUSHDOWN_RULES = tuple(f"org.apache.spark.sql.catalyst.optimizer.{rule}"
+                              for rule in ("PushProjectionThroughUnion", "CombineUnions"))
+
+
+def _exclude_rules(session: SparkSession, rules: tuple[str, ...]) -> None:
+    """``rules`` added to the ones ``session`` already excludes (a user's, from its Spark conf)."""
+    key = "spark.sql.optimizer.excludedRules"
+    excluded = [r for r in (session.conf.get(key, None) or "").split(",") if r.strip()]
+    session.conf.set(key, ",".join(excluded + [r for r in rules if r not in excluded]))
 
 
 def _has_scalar_subquery(frame: DataFrame) -> bool:
