@@ -255,10 +255,13 @@ class Replica:
 def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, edit: Callable[[int], None],
                        target: str, view_id: str, pause: tuple[float, float] = (0.3, 2.0),
                        takeover_timeout: float = 600) -> int:
-    """Make source commits (``edit(n)``) and kill a replica ``restarts`` times, the replicas in
-    turn, with SIGKILL and SIGTERM in turn (the first chosen at random: two restarts see both).
+    """Make source commits (``edit(n)``) and kill a replica ``restarts`` times, with SIGKILL and
+    SIGTERM in turn (the first chosen at random: two restarts see both). The victim is the replica
+    that won the view's latest commit writing updates (the replicas in turn before any has), so a
+    replica that wins every race is still made to hand over: every run has at least two writers.
     A victim stays down, while the edits go on, until another replica has won a commit that
-    writes updates, so every run shows the survivors taking over; then it restarts. Makes at least ``commits`` edits, more while a takeover is pending: a survivor may
+    writes updates, so every run shows the survivors taking over; then it restarts. Makes at least
+    ``commits`` edits, more while a takeover is pending: a survivor may
     itself have just restarted, so on a loaded machine it can take a JVM's start and a hydration,
     and the wait is bounded in seconds (``takeover_timeout``), not in edits. Fails at once if a
     replica that was not killed exits. At the end every replica is alive. Returns the number of
@@ -280,7 +283,7 @@ def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, e
             down[0].start()
             down = None
         if down is None and done < restarts and n >= kill_at[done]:
-            victim = fleet[done % len(fleet)]
+            victim = _latest_data_writer(fleet, target, view_id) or fleet[done % len(fleet)]
             victim.kill(signals[done % 2])
             down = (victim, _data_commits_by_others(target, view_id, victim), time.monotonic())
             done += 1
@@ -288,6 +291,16 @@ def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, e
     for replica in fleet:
         assert replica.alive(), replica.logs()[-3000:]
     return done
+
+
+def _latest_data_writer(fleet: list[Replica], target: str, view_id: str) -> Replica | None:
+    """The replica of ``fleet`` that won the view's latest commit writing updates, if any did."""
+    from mvsink.check import table_at
+
+    for info in table_at(target).history():  # newest first
+        if info.get("mvsink.view") == view_id and info.get("mvsink.reason") != "advance-upper":
+            return next((r for r in fleet if r.replica_id == info.get("mvsink.replica")), None)
+    return None
 
 
 def _data_commits_by_others(target: str, view_id: str, victim: Replica) -> int:
