@@ -4,8 +4,8 @@ mvsink commits staged Parquet files through delta-rs with no Spark in the path, 
 table back by its list of data files (:mod:`mvsink.correction.readback`). So a table is refused,
 with an error naming the feature and the fix, when it has anything those two cannot honour:
 
-* deletion vectors (rows deleted without removing their file are invisible to the read-back, and
-  delta-rs 1.6 refuses to read a table with the ``deletionVectors`` reader feature at all);
+* deletion vectors (rows deleted without removing their file are invisible to the read-back,
+  which follows data files, and to the retractions' search of the table's files);
 * column mapping (mvsink writes columns under their names, not physical ids);
 * check constraints, invariants, generated or identity columns (nothing in the commit path
   enforces or fills them);
@@ -44,8 +44,8 @@ ALLOWED_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstrain
 #: Why a feature is refused, for the ones a user is likely to meet.
 _WHY = {
     "deletionVectors": "rows deleted by a deletion vector stay in their file, so mvsink's read-back, "
-                       "which follows data files, would not see them go; and delta-rs 1.6 (mvsink's "
-                       "commit path, and a reader of the view) cannot open such a table",
+                       "which follows data files, would not see them go, and a retraction could take "
+                       "out a row already deleted",
     "columnMapping": "mvsink writes Parquet columns under their names, column mapping reads them by "
                      "physical name",
     "rowTracking": "mvsink's commits do not assign row ids",
