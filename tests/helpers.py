@@ -279,13 +279,14 @@ def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, e
                                      f"--- {r.replica_id}\n{r.logs()[-3000:]}" for r in fleet if r is not down[0]))
         edit(n)
         n += 1
-        if down and _data_commits_by_others(target, view_id, down[0]) > down[1]:
+        if down and _won_by_others(_data_commit_winners(target, view_id), down[0]) > down[1]:
             down[0].start()
             down = None
         if down is None and done < restarts and n >= kill_at[done]:
-            victim = _latest_data_writer(fleet, target, view_id) or fleet[done % len(fleet)]
+            winners = _data_commit_winners(target, view_id)
+            victim = next((r for r in fleet if winners and r.replica_id == winners[0]), fleet[done % len(fleet)])
             victim.kill(signals[done % 2])
-            down = (victim, _data_commits_by_others(target, view_id, victim), time.monotonic())
+            down = (victim, _won_by_others(winners, victim), time.monotonic())
             done += 1
         time.sleep(rng.uniform(*pause))
     for replica in fleet:
@@ -293,23 +294,17 @@ def edit_with_restarts(fleet: list[Replica], rng, commits: int, restarts: int, e
     return done
 
 
-def _latest_data_writer(fleet: list[Replica], target: str, view_id: str) -> Replica | None:
-    """The replica of ``fleet`` that won the view's latest commit writing updates, if any did."""
+def _data_commit_winners(target: str, view_id: str) -> list:
+    """The replica that won each of the view's commits that write updates, newest first."""
     from mvsink.check import table_at
 
-    for info in table_at(target).history():  # newest first
-        if info.get("mvsink.view") == view_id and info.get("mvsink.reason") != "advance-upper":
-            return next((r for r in fleet if r.replica_id == info.get("mvsink.replica")), None)
-    return None
+    return [info.get("mvsink.replica") for info in table_at(target).history()
+            if info.get("mvsink.view") == view_id and info.get("mvsink.reason") != "advance-upper"]
 
 
-def _data_commits_by_others(target: str, view_id: str, victim: Replica) -> int:
-    """How many of the view's commits that write updates were won by replicas other than ``victim``."""
-    from mvsink.check import table_at
-
-    return sum(1 for info in table_at(target).history()
-               if info.get("mvsink.view") == view_id and info.get("mvsink.reason") != "advance-upper"
-               and info.get("mvsink.replica") not in (None, victim.replica_id))
+def _won_by_others(winners: list, victim: Replica) -> int:
+    """How many of ``winners``' commits were won by replicas other than ``victim``."""
+    return sum(1 for winner in winners if winner not in (None, victim.replica_id))
 
 
 def stop_all(replicas, sig: int = signal.SIGTERM) -> None:
