@@ -31,7 +31,7 @@ def is_s3(uri: str) -> bool:
     return uri.startswith(("s3://", "s3a://"))
 
 
-def _region() -> str:
+def region() -> str:
     return os.environ.get("AWS_REGION", os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
 
 
@@ -42,7 +42,7 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
         endpoint = os.environ.get("AWS_ENDPOINT_URL")
         fs = pafs.S3FileSystem(
             endpoint_override=endpoint,
-            region=_region(),
+            region=region(),
             scheme="http" if endpoint and endpoint.startswith("http://") else "https",
             retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=3),
             connect_timeout=10, request_timeout=60,

@@ -24,7 +24,8 @@ everywhere here, as Spark's row index is.
 mvsink writes only ``u`` descriptors (one DV per file, at offset 1, no prefix) and reads ``u``,
 ``i`` and ``p`` ones. ``r`` (a plain relative path, Spark's ``adaptiveMetadata`` feature, not in
 the protocol) is refused. :func:`delete_rows` turns a file's ``add`` and positions to delete into
-the ``remove``/``add`` pair a commit carries; writing that commit is the caller's.
+the ``remove``/``add`` pair a commit carries, which :func:`mvsink.append.log_entry.commit_entry`
+writes.
 
 The table must allow DVs (reader version 3 / writer version 7 with ``deletionVectors`` among
 both features, ``delta.enableDeletionVectors=true``); that is not checked here.
@@ -263,7 +264,8 @@ def delete_rows(table_uri: str, add: dict[str, Any], positions: Iterable[int],
     ``dataChange: true``; the new ``add`` keeps ``add``'s fields and statistics but marks its
     bounds wide (``tightBounds: false``): ``numRecords`` still counts the file's physical rows, as
     the protocol requires of a file with a DV, so ``add`` must carry it. Positions must be below
-    ``numRecords``. The caller commits the actions (with put-if-absent) in one version."""
+    ``numRecords``. The caller commits the actions in one version
+    (:func:`mvsink.append.log_entry.commit_entry`)."""
     stats = json.loads(add.get("stats") or "{}")
     if "numRecords" not in stats:
         raise DeletionVectorError(f"{add['path']}: no numRecords statistic, which a file with a "
