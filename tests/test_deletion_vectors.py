@@ -26,6 +26,8 @@ import pytest
 from pyroaring import BitMap
 
 from helpers import duckdb_with_delta
+from mvsink import table as delta_log
+from mvsink.append import log_entry
 from mvsink.write import deletion_vectors as dv
 
 # -- the codec alone ---------------------------------------------------------------------------------
@@ -245,10 +247,12 @@ def _log(table: str) -> list[tuple[int, list[dict]]]:
             for p in entries]
 
 
-def _live_adds(table: str) -> dict[str, dict]:
-    """The add action of each logical file of the table's latest snapshot, by path."""
+def _live_adds(table: str, version: int | None = None) -> dict[str, dict]:
+    """The add action of each logical file of the table's snapshot at ``version`` (the latest if
+    None), by path: every JSON commit replayed from version 0 (the test's own replay, beside
+    :func:`mvsink.table.live_files`, which starts from a checkpoint)."""
     live: dict[str, dict] = {}
-    for _, actions in _log(table):
+    for _, actions in [(v, a) for v, a in _log(table) if version is None or v <= version]:
         for action in actions:
             if "remove" in action:
                 live.pop(action["remove"]["path"], None)
@@ -259,13 +263,9 @@ def _live_adds(table: str) -> dict[str, dict]:
 
 
 def _commit(table: str, actions: list[dict]) -> int:
-    """Write ``actions`` as the table's next version, put-if-absent (mode 'x'); its version."""
+    """Commit ``actions`` as the table's next version (:func:`mvsink.append.log_entry.commit_entry`); its version."""
     version = _log(table)[-1][0] + 1
-    info = {"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "DELETE",
-                           "operationParameters": {"predicate": "[\"mvsink test\"]"},
-                           "isBlindAppend": False, "engineInfo": "mvsink-test"}}
-    with open(Path(table) / "_delta_log" / f"{version:020d}.json", "x") as f:
-        f.write("".join(json.dumps(a) + "\n" for a in [info] + actions))
+    assert log_entry.commit_entry(table, version, actions, {"operation": "DELETE"})
     return version
 
 
@@ -463,3 +463,39 @@ def test_spark_vacuum_keeps_our_dv_files_and_optimize_keeps_our_deletions(dv_spa
     spark.sql(f"VACUUM delta.`{table}` RETAIN 0 HOURS")
     assert list(Path(table).glob("deletion_vector_*.bin")) == []
     _assert_read_as(spark, table, left)
+
+
+def test_live_files_replays_from_spark_and_delta_rs_checkpoints_with_their_deletion_vectors(
+        dv_spark, table_with_our_dvs, tmp_path):
+    """:func:`mvsink.table.live_files` at every version (from the newest checkpoint at or below
+    it, then the commits after) equals a replay of every commit from version 0, deletion vectors
+    and all: through a multi-part checkpoint of Spark's and a checkpoint of delta-rs's."""
+    from deltalake import DeltaTable
+
+    spark = dv_spark
+    table = _copy(table_with_our_dvs[0], tmp_path)
+    spark.sql(f"ALTER TABLE delta.`{table}` SET TBLPROPERTIES ('delta.checkpointInterval' = '2')")
+    saved = spark.conf.get("spark.databricks.delta.checkpoint.partSize", None)
+    spark.conf.set("spark.databricks.delta.checkpoint.partSize", "2")  # actions per part
+    try:
+        for n in (7, 11):
+            spark.sql(f"DELETE FROM delta.`{table}` WHERE id % {n} = 0")
+    finally:
+        spark.conf.unset("spark.databricks.delta.checkpoint.partSize") if saved is None else \
+            spark.conf.set("spark.databricks.delta.checkpoint.partSize", saved)
+    path = next(iter(_live_adds(table)))
+    _commit(table, dv.delete_rows(table, _live_adds(table)[path], [1, 2], int(time.time() * 1000)))
+    DeltaTable(table).create_checkpoint()
+    names = [p.name for p in (Path(table) / "_delta_log").iterdir()]
+    parts = [n for n in names if n.endswith(".parquet") and ".checkpoint.0000000001." in n]
+    assert parts and not parts[0].endswith(".0000000001.parquet"), f"no multi-part checkpoint: {sorted(names)}"
+    latest = _log(table)[-1][0]
+    assert f"{latest:020d}.checkpoint.parquet" in names
+    def but_data_change(adds: dict[str, dict]) -> dict[str, dict]:  # a checkpoint's adds have it false
+        return {path: {k: v for k, v in add.items() if k != "dataChange"} for path, add in adds.items()}
+
+    for version in range(latest + 1):
+        assert but_data_change(delta_log.live_files(table, version)) == but_data_change(_live_adds(table, version)), \
+            f"at version {version}"
+    assert delta_log.live_files(table, latest)[path]["deletionVector"] == _live_adds(table)[path]["deletionVector"]
+    assert len(_dvs(table)) == 2
