@@ -499,3 +499,26 @@ def test_live_files_replays_from_spark_and_delta_rs_checkpoints_with_their_delet
             f"at version {version}"
     assert delta_log.live_files(table, latest)[path]["deletionVector"] == _live_adds(table)[path]["deletionVector"]
     assert len(_dvs(table)) == 2
+
+
+def test_live_rows_leave_out_what_spark_and_our_dvs_delete(dv_spark, table_with_our_dvs, tmp_path):
+    """:func:`mvsink.write.deletion_vectors.live_rows` over a snapshot's logical files reads the
+    rows every reader reads: our DVs (one file past its first DV's positions, one file none) and
+    then Spark's (a DELETE over them, its DVs at offsets past the first in a shared file)."""
+    from pyspark.sql import types as T
+
+    spark = dv_spark
+    table, left = table_with_our_dvs
+    table = _copy(table, tmp_path)
+    schema = T.StructType([T.StructField("id", T.LongType()), T.StructField("name", T.StringType())])
+
+    def rows() -> Counter:
+        files = {path: add.get("deletionVector") for path, add in delta_log.live_files(table, _log(table)[-1][0]).items()}
+        return Counter(tuple(r) for r in dv.live_rows(spark, table, files, schema).collect())
+
+    assert rows() == left
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE id % 4 = 1")
+    now_left = Counter({row: n for row, n in left.items() if row[0] % 4 != 1})
+    assert now_left != left
+    _assert_read_as(spark, table, now_left)
+    assert rows() == now_left

@@ -41,6 +41,7 @@ import zlib
 from typing import Any, Iterable
 
 import numpy as np
+import pyarrow as pa
 from pyroaring import BitMap64
 
 from mvsink import storage
@@ -286,3 +287,64 @@ def delete_rows(table_uri: str, add: dict[str, Any], positions: Iterable[int],
     new_add = {**add, "dataChange": True, "deletionVector": _write_bitmap(table_uri, wanted),
                "stats": json.dumps({**stats, "tightBounds": False}, separators=(",", ":"))}
     return [{"remove": remove}, {"add": new_add}]
+
+
+# -- reading a table's rows without the deleted ones ----------------------------------------------------
+
+_FILE, _ROW = "_mv_file", "_mv_row"
+
+
+def _normalized(uri: str) -> str:
+    """A data file's URI as Spark's ``_metadata.file_path`` and an add action's path both give it:
+    URL-decoded, ``file:`` dropped (local paths absolute), ``s3a:`` as ``s3:``."""
+    uri = urllib.parse.unquote(uri)
+    if uri.startswith("file:"):
+        return "/" + uri[len("file:"):].lstrip("/")
+    return "s3:" + uri[len("s3a:"):] if uri.startswith("s3a:") else uri
+
+
+def live_rows(spark, table_uri: str, files: dict[str, dict[str, Any] | None], schema):
+    """The rows of the logical files ``files`` (path as in an add action -> its DV descriptor,
+    or None) of the table at ``table_uri``, in Spark, with ``schema``: every row of a file without
+    a DV, and a file's rows at the positions its DV deletes left out. The DVs are read here (on
+    the driver) and sent to the tasks as bitmaps (a broadcast); each task drops the rows whose
+    (file, row index) a bitmap holds (Spark's ``_metadata.row_index``, the position in the file)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from mvsink.table import file_uri
+
+    uris = [file_uri(table_uri, path) for path in sorted(files)]
+    rows = spark.read.schema(schema).parquet(*uris)
+    deleted = {_normalized(file_uri(table_uri, path)): _read_bitmap(table_uri, descriptor).serialize()
+               for path, descriptor in files.items() if descriptor}
+    if not deleted:
+        return rows
+    shared = spark.sparkContext.broadcast(deleted)
+    arrow_schema = to_arrow_schema(schema)
+    names = schema.names
+
+    def keep(batches):
+        import pyarrow.compute as pc
+
+        bitmaps: dict[str, np.ndarray | None] = {}  # by file, as Spark names it
+        for batch in batches:
+            paths, positions = batch.column(_FILE), batch.column(_ROW).to_numpy(zero_copy_only=False)
+            distinct = pc.unique(paths).to_pylist()
+            gone = np.zeros(batch.num_rows, dtype=bool)
+            for path in distinct:
+                if path not in bitmaps:
+                    blob = shared.value.get(_normalized(path))
+                    bitmaps[path] = None if blob is None else _positions(BitMap64.deserialize(blob))
+                if bitmaps[path] is None:
+                    continue
+                hit = np.isin(positions, bitmaps[path])
+                if len(distinct) > 1:
+                    hit &= pc.equal(paths, path).to_numpy(zero_copy_only=False)
+                gone |= hit
+            if gone.any():
+                batch = batch.filter(pa.array(~gone))
+            yield pa.RecordBatch.from_arrays([batch.column(n) for n in names], schema=arrow_schema)
+
+    return (rows.select("*", F.col("_metadata.file_path").alias(_FILE), F.col("_metadata.row_index").alias(_ROW))
+            .mapInArrow(keep, schema))
