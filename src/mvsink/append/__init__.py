@@ -108,6 +108,8 @@ class Shard:
         #: Which definition may write (:mod:`mvsink.append.fence`); None: no fencing (tests that
         #: drive a shard directly).
         self.fence: Fence | None = None
+        #: Whether the target may have deletion vectors (the guard refuses them otherwise).
+        self.deletion_vectors = False
 
     def table(self, version: int | None = None) -> DeltaTable:
         """The table (latest, checked by the guard; or at ``version``), loaded with retries on
@@ -116,7 +118,7 @@ class Shard:
             f"loading {self.target}", DeltaTable, storage.delta_uri(self.target), version=version,
             storage_options=storage.storage_options(self.target))
         if version is None:
-            check_supported(table, self.target)
+            check_supported(table, self.target, self.deletion_vectors)
             self.observe_fence(table)
         return table
 

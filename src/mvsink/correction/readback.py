@@ -25,6 +25,14 @@ foreign commit, which is how a repair restores the view's history and not only i
 (``mvsink.readback``): every foreign commit up to that version is accounted for by it, in its
 history or at its lower, so no other replica repairs it again.
 
+A table with deletion vectors is followed by *logical* files, a data file's path and its DV
+(:func:`~mvsink.write.deletion_vectors.logical_file`), read without the rows their DVs delete
+(:func:`~mvsink.write.deletion_vectors.live_rows`). Rows deleted by a DV are a ``remove`` of the
+file with its old DV and an ``add`` with the new one: the file's rows under the new DV less its
+rows under the old are the rows deleted, negated, as a rewrite of the file would give. Such a
+table's files are listed from its log (:func:`mvsink.table.live_files`, delta-rs's file list has
+no DVs).
+
 In the table layout (:mod:`mvsink.target.layout`) a data file's rows are ok rows at diff +1, and the
 view's error files (listed by its newest commit, ``mvsink.errors``) count as files of the table:
 a commit that lists a new one adds its error updates. A foreign commit's undo is not read there:
@@ -41,7 +49,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from mvsink import storage
-from mvsink.table import CONTENT_PRESERVING, file_uri, latest_version, log_actions
+from mvsink.table import CONTENT_PRESERVING, file_uri, latest_version, live_files, log_actions
+from mvsink.write.deletion_vectors import live_rows, logical_file, path_of
 from mvsink.append import Shard
 from mvsink.target.commit_info import META_COMMIT, META_READBACK, META_VIEW
 from mvsink.target.guard import UpperWentBackwards
@@ -74,8 +83,11 @@ class ReadBack:
         self.schema = schema
         self.layout = layout
         self.version = -1
-        #: The files of the table as last seen (data files, and the view's error files).
+        #: The files of the table as last seen (data files, and the view's error files): logical
+        #: files where a file has a deletion vector (see the module doc).
         self.files: set[str] = set()
+        #: The deletion vector of each logical file of :attr:`files` that has one.
+        self.deletion_vectors: dict[str, dict] = {}
         #: Table layout: the error files in force at the version last seen.
         self.error_files: list[str] = []
         #: The snapshot last polled and its upper; None after an adopt (the version is then one
@@ -85,6 +97,7 @@ class ReadBack:
     def reset(self) -> None:
         self.version = -1
         self.files = set()
+        self.deletion_vectors = {}
         self.error_files = []
         self._snapshot = None
 
@@ -107,7 +120,14 @@ class ReadBack:
             return Persisted(version, upper, None)
         foreign, accounted, errors = self._classify(version)
         upper = self.shard.upper_of(table)
-        files = set(table.get_add_actions(flatten=True).column("path").to_pylist())
+        deletion_vectors = {}
+        if "deletionVectors" in (table.protocol().reader_features or ()):
+            live = storage.retrying(f"listing the files of {self.shard.target}", live_files, self.shard.target, version)
+            files = {logical_file(path, add.get("deletionVector")) for path, add in live.items()}
+            deletion_vectors = {logical_file(path, add["deletionVector"]): add["deletionVector"]
+                                for path, add in live.items() if add.get("deletionVector")}
+        else:
+            files = set(table.get_add_actions(flatten=True).column("path").to_pylist())
         if self.layout == TABLE:
             self.error_files = errors if errors is not None else (
                 self.error_files if self.version >= 0 else self._error_files_at(version))
@@ -115,15 +135,16 @@ class ReadBack:
         added, removed = files - self.files, self.files - files
         parts = []
         if added:
-            parts.append(self._read(added))
+            parts.append(self._read(added, deletion_vectors))
         if removed:
-            parts.append(negate(self._read(removed)))
+            parts.append(negate(self._read(removed, self.deletion_vectors)))
         updates = None
         if parts:
             updates = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         log.debug("read back versions %d..%d: +%d -%d files, upper %d",
                   self.version + 1, version, len(added), len(removed), upper)
         self.version, self.files, self._snapshot = version, files, (table, upper)
+        self.deletion_vectors = deletion_vectors
         return Persisted(version, upper, updates, foreign, accounted)
 
     def snapshot(self) -> DeltaTable | None:
@@ -138,7 +159,7 @@ class ReadBack:
         files = self.files if files is None else files
         if not files:
             return self.spark.createDataFrame([], self.schema)
-        return self._read(files)
+        return self._read(files, self.deletion_vectors)
 
     def adopt(self, commit_ids: frozenset[str], added: list[str], removed: tuple[str, ...] = (),
               error_files: list[str] | None = None) -> bool:
@@ -190,9 +211,13 @@ class ReadBack:
             elif info.get("operation") not in CONTENT_PRESERVING and self.layout == TABLE:
                 foreign[v] = None
             elif info.get("operation") not in CONTENT_PRESERVING:
-                added = {a["add"]["path"] for a in actions if "add" in a}
-                removed = {a["remove"]["path"] for a in actions if "remove" in a}
-                parts = ([negate(self._read(added))] if added else []) + ([self._read(removed)] if removed else [])
+                dvs = {logical_file(f["path"], f["deletionVector"]): f["deletionVector"]
+                       for a in actions for f in (a.get("add"), a.get("remove")) if f and f.get("deletionVector")}
+                added = {logical_file(a["add"]["path"], a["add"].get("deletionVector")) for a in actions if "add" in a}
+                removed = {logical_file(a["remove"]["path"], a["remove"].get("deletionVector"))
+                           for a in actions if "remove" in a}
+                parts = (([negate(self._read(added, dvs))] if added else [])
+                         + ([self._read(removed, dvs)] if removed else []))
                 undo = parts[0].unionByName(parts[1]) if len(parts) == 2 else (parts[0] if parts else None)
                 foreign[v] = (undo if undo is not None else self.spark.createDataFrame([], self.schema)
                               ).localCheckpoint(eager=True)
@@ -212,7 +237,12 @@ class ReadBack:
                 return error_files(info)
         return []
 
-    def _read(self, paths: set[str]) -> DataFrame:
-        uris = [file_uri(self.shard.target, p) for p in sorted(paths)]
-        return normalize(self.spark.read.schema(self.schema).parquet(*uris), self.schema)
+    def _read(self, files: set[str], deletion_vectors: dict[str, dict]) -> DataFrame:
+        """The rows of the logical ``files`` (their DVs in ``deletion_vectors``) as updates."""
+        if any(f in deletion_vectors for f in files):
+            rows = live_rows(self.spark, self.shard.target, {path_of(f): deletion_vectors.get(f) for f in files},
+                             self.schema)
+        else:
+            rows = self.spark.read.schema(self.schema).parquet(*[file_uri(self.shard.target, p) for p in sorted(files)])
+        return normalize(rows, self.schema)
 

@@ -70,9 +70,10 @@ class ForeignTransaction(ConfigError):
     """A commit that is not the view's carries the view's txn appId."""
 
 
-def check_supported(table: DeltaTable, uri: str) -> None:
+def check_supported(table: DeltaTable, uri: str, deletion_vectors: bool = False) -> None:
     """Raise :class:`UnsupportedTarget` naming everything in ``table`` (at ``uri``) that mvsink
-    cannot commit to or read back, with the fix."""
+    cannot commit to or read back, with the fix. ``deletion_vectors``: the view takes tables with
+    deletion vectors (its read-back follows logical files, :mod:`mvsink.correction.readback`)."""
     protocol = table.protocol()
     configuration = table.metadata().configuration
     problems = []
@@ -87,6 +88,8 @@ def check_supported(table: DeltaTable, uri: str) -> None:
         features.add("columnMapping")
     if configuration.get("delta.enableRowTracking", "false").lower() == "true":
         features.add("rowTracking")
+    if deletion_vectors:
+        features.discard("deletionVectors")
     for feature in sorted(features):
         why = _WHY.get(feature, "mvsink does not know it to be safe for its commit path")
         problems.append(f"table feature {feature} ({why}); recreate the table without it, or "

@@ -289,6 +289,27 @@ def delete_rows(table_uri: str, add: dict[str, Any], positions: Iterable[int],
     return [{"remove": remove}, {"add": new_add}]
 
 
+# -- logical files ---------------------------------------------------------------------------------------
+
+#: Between a data file's path and its DV's identity in the name of a logical file that has a DV.
+_DV_MARK = "#dv:"
+
+
+def logical_file(path: str, descriptor: dict[str, Any] | None) -> str:
+    """The name of the logical file ``path`` with the DV ``descriptor`` (None: none): its path
+    alone where it has no DV, else its path and its DV's place. A file whose DV changes is another
+    logical file (the protocol's identity of a file is its path and its DV)."""
+    if not descriptor:
+        return path
+    return (f"{path}{_DV_MARK}{descriptor['storageType']}{descriptor['pathOrInlineDv']}"
+            f"@{descriptor.get('offset', '')}")
+
+
+def path_of(logical: str) -> str:
+    """The data file's path of the logical file named ``logical`` (:func:`logical_file`)."""
+    return logical.split(_DV_MARK, 1)[0]
+
+
 # -- reading a table's rows without the deleted ones ----------------------------------------------------
 
 _FILE, _ROW = "_mv_file", "_mv_row"
