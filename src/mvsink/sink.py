@@ -49,7 +49,7 @@ import threading
 import time
 from functools import cached_property, reduce
 from typing import Callable, NamedTuple
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -83,6 +83,7 @@ from mvsink.updates import DIFF, ERROR, HELD, RESERVED, TIME, advance_times, con
 from mvsink.view import ConfigError, ViewDefinition
 from mvsink.write import ERRORS_DIR, StagedBatch, batch_updates, stage
 from mvsink.write.plain import stage_plain
+from mvsink.write.deletion_vectors import logical_file, path_of
 from mvsink.write.rewrite import TableFile, files_in_ranges
 
 log = logging.getLogger(__name__)
@@ -631,7 +632,8 @@ class MaterializedView:
             return None
         log.debug("view %s: the key check reads %d of the table's %d data files", self.view.view_id,
                   len(kept), len(data))
-        return {f.path for f in kept} | {p for p in self.readback.files if p.startswith(ERRORS_DIR + "/")}
+        return ({logical_file(f.path, f.deletion_vector) for f in kept}
+                | {p for p in self.readback.files if p.startswith(ERRORS_DIR + "/")})
 
     def _forget(self) -> None:
         """Drop all state; the next reconcile hydrates from scratch."""
@@ -680,8 +682,11 @@ class MaterializedView:
         names = actions.column_names
         rows = zip(*(actions.column(c).to_pylist() if c in names else [None] * actions.num_rows
                      for c in ("path", "size_bytes", f"min.{column}", f"max.{column}", f"null_count.{column}")))
-        known = {r[0]: TableFile(*r) for r in rows if r[0] in paths}
-        return [known.get(p) or TableFile(p, 0) for p in sorted(paths)]
+        wanted = {path_of(name): name for name in paths}
+        known = {r[0]: TableFile(*r) for r in rows if r[0] in wanted}
+        return [replace(known.get(path) or TableFile(path, 0),
+                        deletion_vector=self.readback.deletion_vectors.get(name))
+                for path, name in sorted(wanted.items())]
 
     def _write_and_append(self, desc: Description, staged: _Staged | None) -> tuple[bool, int]:
         """Steps 5-6 (the staging done already if ``staged``). Returns whether the append won
@@ -707,9 +712,10 @@ class MaterializedView:
         if result.appended:
             # Own files need no read-back when nothing landed in between (the buffer knows them).
             exact = self.correction.since >= desc.lower  # the batch is the buffer's updates as they are
+            removed = {path for path, _ in batch.removes}
             adopted = not self.pending_repairs and self.readback.adopt(
                 result.commit_ids, [f.path for f in batch.files],
-                tuple(path for path, _ in batch.removes), error_files)
+                tuple(name for name in self.readback.files if path_of(name) in removed), error_files)
             if adopted:
                 self.correction.drop_written(desc.upper, batch.num_records if exact else None)
             self.pending_repairs.clear()

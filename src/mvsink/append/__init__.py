@@ -65,6 +65,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from mvsink import failpoints, storage, table as delta_table
+from mvsink.append import log_entry
 from mvsink.append.fence import Fence, Fenced, fence_of, fence_property
 from mvsink.target.commit_info import (META_VIEW, META_REPLICA, META_LOWER, META_UPPER, META_REASON,
                                        META_REPAIRS, META_COMMIT, META_SINCE, META_DEFINITION,
@@ -173,7 +174,8 @@ class Shard:
     def commit(self, table: DeltaTable, lower: int, upper: int, reason: str,
                files: list | None = None, repairs: list[int] | None = None,
                commit_id: str | None = None, removes: list[tuple[str, int]] | None = None,
-               data_change: bool = True, since: int | None = None, extra: dict | None = None) -> str:
+               data_change: bool = True, since: int | None = None, extra: dict | None = None,
+               removed_deletion_vectors: dict[str, dict] | None = None) -> str:
         """One commit based on ``table``'s snapshot moving the txn from `lower` to `upper`.
 
         It adds ``files`` (staged files) and removes ``removes`` (`(path, size)` of files in the
@@ -203,11 +205,37 @@ class Shard:
         if since is not None:
             metadata[META_SINCE] = since
         metadata.update(extra or {})
+        if removed_deletion_vectors:
+            self._commit_own_entry(table, upper, now, metadata, files or [], removes or [], removed_deletion_vectors,
+                                   data_change)
+            return commit_id
         table.create_write_transaction(
             actions, mode="append", schema=table.schema(),
             commit_properties=self._commit_properties(metadata, upper, now),
         )
         return commit_id
+
+    def _commit_own_entry(self, table: DeltaTable, upper: int, now: int, metadata: dict, files: list,
+                          removes: list[tuple[str, int]], deletion_vectors: dict[str, dict], data_change: bool) -> None:
+        """The commit :meth:`commit` describes, as a log entry of mvsink's own
+        (:mod:`mvsink.append.log_entry`): a ``remove`` of a file with a deletion vector must name
+        it, and delta-rs's actions cannot. Version ``table.version() + 1``, created only if absent:
+        a version another writer took raises ``CommitFailedError``, as delta-rs's conflict does."""
+        if self.fence is not None:
+            metadata = {**metadata, META_DEFINITION: self.fence.definition}
+        actions: list[dict] = [log_entry.txn_action(self.app_id, upper, now)]
+        for path, size in removes:
+            remove = {"path": path, "deletionTimestamp": now, "dataChange": data_change, "size": size,
+                      "extendedFileMetadata": True, "partitionValues": {}}
+            if path in deletion_vectors:
+                remove["deletionVector"] = deletion_vectors[path]
+            actions.append({"remove": remove})
+        actions += [{"add": {"path": f.path, "size": f.size, "partitionValues": {}, "modificationTime": now,
+                             "dataChange": data_change, "stats": f.stats}} for f in files]
+        version = table.version() + 1
+        info = {"operation": "WRITE", "operationParameters": {"mode": "Append"}, **metadata}
+        if not log_entry.commit_entry(self.target, version, actions, info):
+            raise CommitFailedError(f"version {version} of {self.target} was committed by another writer")
 
     def raise_fence(self, table: DeltaTable, upper: int) -> str:
         """One commit based on ``table``'s snapshot that sets the fence to this shard's definition,
@@ -242,6 +270,7 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
     ``extra`` is more commit info (``mvsink.*`` keys) for the commit of ``batch``."""
     files = batch.files if batch else []  # error files are listed by the commit info, not added
     removes = batch.removes if batch else []
+    removed_deletion_vectors = batch.removed_deletion_vectors if batch else {}
     foreign_conflicts = 0
     transient_failures = 0
     #: Ids of this append's commit attempts, and the table version the first was based on: a
@@ -267,7 +296,8 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
                 continue
             if current > desc.lower:
                 break
-            if removes and not holds(table, removes):
+            if removes and not holds(table, removes, removed_deletion_vectors if shard.deletion_vectors else None,
+                                     shard.target):
                 log.info("%s is stale: files it rewrites were removed meanwhile", desc)
                 batch.delete()
                 return AppendResult(False, current, stale=True)
@@ -276,7 +306,7 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
             attempt_ids.add(commit_id)
             based_on = table.version() if based_on is None else based_on
             shard.commit(table, desc.lower, desc.upper, reason, files, repairs, commit_id, removes=removes,
-                         extra=extra)
+                         extra=extra, removed_deletion_vectors=removed_deletion_vectors)
             failpoints.hit(shard.failpoint_prefix + "after-commit")
             log.info("appended %s: %d files, %d updates (%s)", desc, len(files),
                      batch.num_records if batch else 0, reason)
@@ -329,10 +359,16 @@ def _any_landed(shard: Shard, based_on: int | None, attempt_ids: set[str]) -> bo
     return shard.landed(shard.table(delta_table.latest_version(shard.target)), based_on, attempt_ids) is not None
 
 
-def holds(table: DeltaTable, files: list[tuple[str, int]]) -> bool:
-    """Whether ``table``'s snapshot holds every one of ``files``."""
-    present = set(table.get_add_actions(flatten=True).column("path").to_pylist())
-    return all(path in present for path, _ in files)
+def holds(table: DeltaTable, files: list[tuple[str, int]], deletion_vectors: dict[str, dict] | None = None,
+          uri: str = "") -> bool:
+    """Whether ``table``'s snapshot holds every one of ``files``; with ``deletion_vectors`` (the
+    DV each had where it had one; the table at ``uri`` may have DVs) each as the same logical
+    file: with the same DV, or still none (a DV added since is a change the batch did not see)."""
+    if deletion_vectors is None:
+        present = set(table.get_add_actions(flatten=True).column("path").to_pylist())
+        return all(path in present for path, _ in files)
+    live = storage.retrying(f"listing the files of {uri}", delta_table.live_files, uri, table.version())
+    return all(path in live and live[path].get("deletionVector") == deletion_vectors.get(path) for path, _ in files)
 
 
 def _span(desc: Description) -> str:

@@ -92,6 +92,8 @@ class StagedBatch:
     #: Table layout only: ``(path, size)`` of the table's files the batch rewrites (they go, their
     #: rewritten survivors are among ``files``), and the error-update files it adds.
     removes: list[tuple[str, int]] = field(default_factory=list)
+    #: The deletion vector of each of ``removes`` that had one when the batch was computed.
+    removed_deletion_vectors: dict[str, dict] = field(default_factory=dict)
     error_files: list[StagedFile] = field(default_factory=list)
     #: Updates the batch writes (data rows added and removed, error updates).
     updates: int | None = None

@@ -312,7 +312,8 @@ def path_of(logical: str) -> str:
 
 # -- reading a table's rows without the deleted ones ----------------------------------------------------
 
-_FILE, _ROW = "_mv_file", "_mv_row"
+#: The columns :func:`live_rows` gives a row's file and position in.
+FILE, ROW = "_mv_file", "_mv_row"
 
 
 def _normalized(uri: str) -> str:
@@ -324,33 +325,39 @@ def _normalized(uri: str) -> str:
     return "s3:" + uri[len("s3a:"):] if uri.startswith("s3a:") else uri
 
 
-def live_rows(spark, table_uri: str, files: dict[str, dict[str, Any] | None], schema):
+def live_rows(spark, table_uri: str, files: dict[str, dict[str, Any] | None], schema, positions: bool = False):
     """The rows of the logical files ``files`` (path as in an add action -> its DV descriptor,
     or None) of the table at ``table_uri``, in Spark, with ``schema``: every row of a file without
     a DV, and a file's rows at the positions its DV deletes left out. The DVs are read here (on
     the driver) and sent to the tasks as bitmaps (a broadcast); each task drops the rows whose
-    (file, row index) a bitmap holds (Spark's ``_metadata.row_index``, the position in the file)."""
+    (file, row index) a bitmap holds (Spark's ``_metadata.row_index``, the position in the file).
+    ``positions``: each row also has its file (:data:`FILE`, as Spark names it) and its position
+    in the file (:data:`ROW`)."""
     from pyspark.sql import functions as F
+    from pyspark.sql import types as T
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from mvsink.table import file_uri
 
     uris = [file_uri(table_uri, path) for path in sorted(files)]
-    rows = spark.read.schema(schema).parquet(*uris)
+    rows = spark.read.schema(schema).parquet(*uris).select(
+        "*", F.col("_metadata.file_path").alias(FILE), F.col("_metadata.row_index").alias(ROW))
     deleted = {_normalized(file_uri(table_uri, path)): _read_bitmap(table_uri, descriptor).serialize()
                for path, descriptor in files.items() if descriptor}
+    out = T.StructType(schema.fields + [T.StructField(FILE, T.StringType()), T.StructField(ROW, T.LongType())]
+                       ) if positions else schema
     if not deleted:
-        return rows
+        return rows.select(*out.names)
     shared = spark.sparkContext.broadcast(deleted)
-    arrow_schema = to_arrow_schema(schema)
-    names = schema.names
+    arrow_schema = to_arrow_schema(out)
+    names = out.names
 
     def keep(batches):
         import pyarrow.compute as pc
 
         bitmaps: dict[str, np.ndarray | None] = {}  # by file, as Spark names it
         for batch in batches:
-            paths, positions = batch.column(_FILE), batch.column(_ROW).to_numpy(zero_copy_only=False)
+            paths, at = batch.column(FILE), batch.column(ROW).to_numpy(zero_copy_only=False)
             distinct = pc.unique(paths).to_pylist()
             gone = np.zeros(batch.num_rows, dtype=bool)
             for path in distinct:
@@ -359,7 +366,7 @@ def live_rows(spark, table_uri: str, files: dict[str, dict[str, Any] | None], sc
                     bitmaps[path] = None if blob is None else _positions(BitMap64.deserialize(blob))
                 if bitmaps[path] is None:
                     continue
-                hit = np.isin(positions, bitmaps[path])
+                hit = np.isin(at, bitmaps[path])
                 if len(distinct) > 1:
                     hit &= pc.equal(paths, path).to_numpy(zero_copy_only=False)
                 gone |= hit
@@ -367,5 +374,4 @@ def live_rows(spark, table_uri: str, files: dict[str, dict[str, Any] | None], sc
                 batch = batch.filter(pa.array(~gone))
             yield pa.RecordBatch.from_arrays([batch.column(n) for n in names], schema=arrow_schema)
 
-    return (rows.select("*", F.col("_metadata.file_path").alias(_FILE), F.col("_metadata.row_index").alias(_ROW))
-            .mapInArrow(keep, schema))
+    return rows.mapInArrow(keep, out)

@@ -73,7 +73,7 @@ def stage_plain(spark: SparkSession, updates: DataFrame, desc: Description, targ
     batch = stage(updates, desc, target, view_id, replica_id, key_ranges, plain_columns=columns, order_by=order_by)
     if rewrites is not None:
         batch.files += rewrites.files
-        batch.removes = rewrites.removes
+        batch.removes, batch.removed_deletion_vectors = rewrites.removes, rewrites.removed_deletion_vectors
         batch.updates += rewrites.retractions
     return batch
 
@@ -94,6 +94,7 @@ def _stage_gathered(spark: SparkSession, updates: pa.Table, desc: Description, t
         rewrites, inserts = rewrite_gathered(spark, wanted, inserts, table_files, target, prefix, prune_column,
                                              order_by)
         batch.files, batch.removes = rewrites.files, rewrites.removes
+        batch.removed_deletion_vectors = rewrites.removed_deletion_vectors
     rewritten = time.monotonic()
     batch.files += _write(target, f"{prefix}-driver.parquet", sorted_rows(inserts, order_by))
     batch.error_files = _write(target, f"{ERRORS_DIR}/{prefix}-driver.parquet", updates.filter(pc.invert(ok)))

@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 from urllib.parse import unquote
 
@@ -51,9 +51,9 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink import storage
 from mvsink.file_stats import bounds, overlaps
-from mvsink.table import file_uri
 from mvsink.updates import DIFF
 from mvsink.write import _FILE_LIST_SCHEMA, StagedFile, _delete_if_exists, _FileWriter, sorted_rows
+from mvsink.write.deletion_vectors import FILE, ROW, live_rows, read_dv
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,9 @@ class TableFile:
     low: object = None
     high: object = None
     nulls: int | None = None
+    #: Its deletion vector's descriptor (None: none): the rows at the positions it deletes are
+    #: not the table's; no retraction finds them, and a rewrite of the file leaves them out.
+    deletion_vector: dict | None = None
 
 
 @dataclass
@@ -88,6 +91,8 @@ class Rewrites:
     #: Retraction updates (rows of the batch) and copies deleted.
     retractions: int
     deleted: int
+    #: The deletion vector of each of ``removes`` that has one.
+    removed_deletion_vectors: dict[str, dict] = field(default_factory=dict)
 
 
 def rewrite_retractions(spark: SparkSession, retractions: DataFrame, table_files: list[TableFile],
@@ -118,7 +123,7 @@ def rewrite_retractions(spark: SparkSession, retractions: DataFrame, table_files
     staged = _rewrite(spark, touched, by_file, target, prefix)
     log.info("retracting %d copies (%d updates): %d of %d files read, %d rewritten", copies, updates,
              len(candidates), len(table_files), len(touched))
-    return Rewrites(staged, [(f.path, f.size) for f in touched], updates, copies)
+    return Rewrites(staged, [(f.path, f.size) for f in touched], updates, copies, _deletion_vectors(touched))
 
 
 def _prune_by_values(files: list[TableFile], values: list) -> list[TableFile]:
@@ -163,9 +168,8 @@ def _deletions(spark: SparkSession, retractions: DataFrame, files: list[TableFil
                columns: list[str], updates: int) -> list[tuple[str, int]]:
     """(file name, row position) of the copies to delete: the first `k` of each retracted row."""
     schema = T.StructType([f for f in retractions.schema.fields if f.name in columns])
-    rows = (spark.read.schema(schema).parquet(*[file_uri(target, f.path) for f in files])
-            .select(*columns, F.col("_metadata.file_path").alias("_mv_file"),
-                    F.col("_metadata.row_index").alias("_mv_pos")))
+    rows = live_rows(spark, target, {f.path: f.deletion_vector for f in files}, schema, positions=True
+                     ).withColumnRenamed(FILE, "_mv_file").withColumnRenamed(ROW, "_mv_pos")
     wanted = retractions.select(*[F.col(c).alias(f"_mv_r_{c}") for c in columns], (-F.col(DIFF)).alias("_mv_k"))
     if updates <= _BROADCAST_RETRACTIONS:
         wanted = F.broadcast(wanted)
@@ -181,7 +185,7 @@ def _rewrite(spark: SparkSession, files: list[TableFile], deletions: dict[str, l
     """Each of ``files`` without its deleted positions, staged by one Spark task per file."""
     if not files:
         return []
-    jobs = [(f.path, deletions[os.path.basename(unquote(f.path))]) for f in files]
+    jobs = [(f.path, deletions[os.path.basename(unquote(f.path))] + _deleted_already(target, f)) for f in files]
     frame = spark.createDataFrame(jobs, "path STRING, positions ARRAY<BIGINT>").repartition(len(jobs))
 
     def rewrite(batches):
@@ -201,6 +205,15 @@ def _rewrite(spark: SparkSession, files: list[TableFile], deletions: dict[str, l
 
     rows = frame.mapInArrow(rewrite, _FILE_LIST_SCHEMA).collect()
     return [StagedFile(r.path, r.size, r.num_records, r.stats) for r in rows]
+
+
+def _deletion_vectors(files: list[TableFile]) -> dict[str, dict]:
+    return {f.path: f.deletion_vector for f in files if f.deletion_vector}
+
+
+def _deleted_already(target: str, file: TableFile) -> list[int]:
+    """The positions of ``file`` its deletion vector deletes (none without one)."""
+    return read_dv(target, file.deletion_vector).tolist() if file.deletion_vector else []
 
 
 def _read(fs, path: str) -> pa.Table:
@@ -253,7 +266,8 @@ def rewrite_gathered(spark: SparkSession, retractions: pa.Table, inserts: pa.Tab
              f", {len(quotas)} rewritten again to keep k copies" if quotas else "")
     staged = [outcomes[f.path].file for f in touched if outcomes[f.path].file]
     rest = pa.concat_tables(unplaced) if unplaced else inserts.slice(0, 0)
-    return Rewrites(staged, [(f.path, f.size) for f in touched], retractions.num_rows, sum(copies)), rest
+    return (Rewrites(staged, [(f.path, f.size) for f in touched], retractions.num_rows, sum(copies),
+                     _deletion_vectors(touched)), rest)
 
 
 @dataclass
@@ -330,15 +344,17 @@ def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.T
     one, rewrite it without the copies to delete and with its share of the inserts. Files of at
     most :data:`DRIVER_REWRITE_BYTES` in all are rewritten here, one after the other (a Spark job
     costs more than reading them); more by one Spark task each. Returns each file's outcome."""
-    jobs = [(f.path, i, sorted((quotas.get(f.path) or {}).items())) for i, f in enumerate(files)]
+    jobs = [(f.path, i, sorted((quotas.get(f.path) or {}).items()), _deleted_already(target, f))
+            for i, f in enumerate(files)]
     if sum(f.size for f in files) <= DRIVER_REWRITE_BYTES:
         fs, root = storage.filesystem(target)
         return {path: _rewrite_file(fs, root, target, f"{prefix}-rwd-{share}.parquet", path, retractions,
-                                    shares[share], dict(quota), prune_column, order_by)
-                for path, share, quota in jobs}
+                                    shares[share], dict(quota), prune_column, order_by, gone)
+                for path, share, quota, gone in jobs}
     payload = spark.sparkContext.broadcast(_ipc([retractions] + shares))
-    frame = spark.createDataFrame([(path, share, [list(q) for q in quota]) for path, share, quota in jobs],
-                                  "path STRING, share INT, quotas ARRAY<ARRAY<BIGINT>>").repartition(len(jobs))
+    frame = spark.createDataFrame([(path, share, [list(q) for q in quota], gone) for path, share, quota, gone in jobs],
+                                  "path STRING, share INT, quotas ARRAY<ARRAY<BIGINT>>, gone ARRAY<BIGINT>"
+                                  ).repartition(len(jobs))
     out_schema = to_arrow_schema(_OUTCOME_SCHEMA)
 
     def rewrite(batches):
@@ -348,10 +364,11 @@ def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.T
         tables = _from_ipc(payload.value)
         fs, root = storage.filesystem(target)
         for batch in batches:
-            for path, share, quota in zip(*(batch.column(c).to_pylist() for c in ("path", "share", "quotas"))):
+            for path, share, quota, gone in zip(*(batch.column(c).to_pylist()
+                                                   for c in ("path", "share", "quotas", "gone"))):
                 name = f"{prefix}-rw{context.partitionId():05d}-{share}-{context.attemptNumber()}.parquet"
                 outcome = _rewrite_file(fs, root, target, name, path, tables[0], tables[1 + share],
-                                        dict(quota or []), prune_column, order_by)
+                                        dict(quota or []), prune_column, order_by, gone)
                 staged = outcome.file
                 yield pa.RecordBatch.from_pydict({
                     "path": pa.array([staged and staged.path], pa.string()),
@@ -373,21 +390,26 @@ def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.T
 
 
 def _rewrite_file(fs, root: str, target: str, name: str, path: str, wanted: pa.Table, given: pa.Table,
-                  limits: dict[int, int], prune_column: str, order_by: str | None) -> _Outcome:
+                  limits: dict[int, int], prune_column: str, order_by: str | None, gone: list[int]) -> _Outcome:
     """The table file ``path``: the copies in it of each row of ``wanted`` (the retractions, with
     their :data:`COPIES`), and where it holds one, its rewrite staged as ``name`` without up to `k`
     copies of each (in file order; ``limits``: a row's quota instead) and with ``given`` (its share
-    of the inserts), in ``order_by``'s order."""
+    of the inserts), in ``order_by``'s order. The rows at ``gone`` (its deletion vector's
+    positions) are none of the table's: never a copy, and left out of the rewrite."""
     stored = wanted.schema.remove(wanted.schema.get_field_index(COPIES))
     copies = wanted.column(COPIES).to_pylist()
     rows = storage.retrying(f"reading {path}", _read, fs, storage.join(root, unquote(path)))
     rows = _conform(rows, stored, path)
     positions = _copies(rows, wanted, prune_column)
+    if gone:
+        deleted = set(gone)
+        positions = {r: kept for r, p in positions.items() if (kept := [i for i in p if i not in deleted])}
     drop = {r: p[:limits.get(r, copies[r])] for r, p in positions.items()}
     drop = {r: p for r, p in drop.items() if p}
     staged = None
     if drop:
-        row = _written_without(target, name, rows, [p for ps in drop.values() for p in ps], given, order_by)
+        row = _written_without(target, name, rows, [p for ps in drop.values() for p in ps] + list(gone), given,
+                               order_by)
         if row is not None:
             staged = StagedFile(*(row[c][0].as_py() for c in ("path", "size", "num_records", "stats")))
     return _Outcome(staged, bool(drop), {r: len(p) for r, p in positions.items()},
