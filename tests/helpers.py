@@ -942,6 +942,26 @@ def duckdb_with_delta():
     return con
 
 
+def rows_by_readers(spark, table: str, columns: list[str]) -> dict:
+    """The multiset of ``columns`` rows of the Delta table at ``table`` as each reader that is not
+    mvsink's reads it: Spark, DuckDB (``delta_scan``) and delta-rs (``QueryBuilder``, which applies
+    deletion vectors), by reader name."""
+    from collections import Counter
+
+    from deltalake import DeltaTable, QueryBuilder
+
+    listed = ", ".join(columns)
+    duck = duckdb_with_delta()
+    try:
+        duckdb_rows = duck.sql(f"SELECT {listed} FROM delta_scan('{table}')").fetchall()
+    finally:
+        duck.close()
+    delta_rs = QueryBuilder().register("t", DeltaTable(table)).execute(f"SELECT {listed} FROM t").read_all()
+    return {"Spark": Counter(tuple(r) for r in spark.read.format("delta").load(table).select(*columns).collect()),
+            "DuckDB": Counter(duckdb_rows),
+            "delta-rs": Counter(zip(*(delta_rs.column(c).to_pylist() for c in columns)))}
+
+
 def read_plainly_at_every_time(spark, target: str, view_id: str, columns: list[str], expected,
                                since: int = 0) -> tuple[int, int]:
     """Every time in `[since, upper)` of a table-layout view, read at the version that holds it

@@ -8,26 +8,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from deltalake import DeltaTable, QueryBuilder
-
-from helpers import commit_sql, create_source, duckdb_with_delta, insert
+from helpers import commit_sql, create_source, insert, rows_by_readers
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition
 from mvsink import table as delta_log
 from mvsink.check import TimelineReader
 
 QUERY = "SELECT id, v FROM src WHERE id % 2 = 0"
-
-
-def _readers(spark, target: str) -> dict[str, Counter]:
-    duck = duckdb_with_delta()
-    try:
-        duckdb_rows = duck.sql(f"SELECT id, v FROM delta_scan('{target}')").fetchall()
-    finally:
-        duck.close()
-    delta_rs = QueryBuilder().register("t", DeltaTable(target)).execute("SELECT id, v FROM t").read_all()
-    return {"Spark": Counter(tuple(r) for r in spark.read.format("delta").load(target).select("id", "v").collect()),
-            "DuckDB": Counter(duckdb_rows),
-            "delta-rs": Counter(zip(delta_rs.column("id").to_pylist(), delta_rs.column("v").to_pylist()))}
 
 
 def test_a_view_keeps_a_target_with_deletion_vectors_exact(spark, tmp_path):
@@ -45,7 +31,7 @@ def test_a_view_keeps_a_target_with_deletion_vectors_exact(spark, tmp_path):
         view.run_until_caught_up()
         spark.read.format("delta").load(src).createOrReplaceTempView("src")
         expected = Counter(tuple(r) for r in spark.sql(QUERY).collect())
-        assert _readers(spark, target) == {reader: expected for reader in ("Spark", "DuckDB", "delta-rs")}, \
+        assert rows_by_readers(spark, target, ["id", "v"]) == {reader: expected for reader in ("Spark", "DuckDB", "delta-rs")}, \
             f"after {after}"
         timeline = TimelineReader(view.timeline.path)
         latest = delta_log.latest_version(target)

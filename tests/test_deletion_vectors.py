@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyroaring import BitMap
 
-from helpers import duckdb_with_delta
+from helpers import rows_by_readers
 from mvsink import table as delta_log
 from mvsink.append import log_entry
 from mvsink.write import deletion_vectors as dv
@@ -274,24 +274,9 @@ def _expected(table: str) -> Counter:
     return rows
 
 
-def _readers_rows(spark, table: str) -> dict[str, Counter]:
-    """The table's rows (id, name) as Spark, DuckDB and delta-rs read it."""
-    from deltalake import DeltaTable, QueryBuilder
-
-    duck = duckdb_with_delta()
-    try:
-        duckdb_rows = duck.sql(f"SELECT id, name FROM delta_scan('{table}')").fetchall()
-    finally:
-        duck.close()
-    delta_rs = QueryBuilder().register("t", DeltaTable(table)).execute("SELECT id, name FROM t").read_all()
-    return {"spark": Counter(tuple(r) for r in spark.read.format("delta").load(table).select("id", "name").collect()),
-            "duckdb": Counter(duckdb_rows),
-            "delta-rs": Counter(zip(delta_rs.column("id").to_pylist(), delta_rs.column("name").to_pylist()))}
-
-
 def _assert_read_as(spark, table: str, expected: Counter) -> None:
-    assert {reader: rows == expected for reader, rows in _readers_rows(spark, table).items()} == \
-        {"spark": True, "duckdb": True, "delta-rs": True}
+    assert {reader: rows == expected for reader, rows in rows_by_readers(spark, table, ["id", "name"]).items()} == \
+        {"Spark": True, "DuckDB": True, "delta-rs": True}
     # Spark answers count(*) from the stats: numRecords less the DVs' cardinality.
     assert spark.sql(f"SELECT count(*) FROM delta.`{table}`").first()[0] == sum(expected.values())
 
