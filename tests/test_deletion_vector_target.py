@@ -11,6 +11,7 @@ from collections import Counter
 from helpers import commit_sql, create_source, insert, rows_by_readers
 from mvsink import MaterializedView, SnapshotInput, ViewDefinition
 from mvsink import table as delta_log
+from mvsink.append.compact import compact_files
 from mvsink.check import TimelineReader
 
 QUERY = "SELECT id, v FROM src WHERE id % 2 = 0"
@@ -70,3 +71,11 @@ def test_a_view_keeps_a_target_with_deletion_vectors_exact(spark, tmp_path):
     commit_sql(spark, f"DELETE FROM delta.`{src}` WHERE id < 10")
     insert(spark, src, [(100, "new"), (102, "newer")])
     exact("a DELETE and an insert in the source")
+
+    spark.sql(f"DELETE FROM delta.`{target}` WHERE id % 8 = 4")
+    exact("a third foreign DELETE repaired")
+    compacted = compact_files(spark, view.shard, view.schema, view.readback.error_files, key=["id"])
+    assert compacted.version is not None and any(
+        a.get("remove", {}).get("deletionVector") for a in delta_log.log_actions(target, compacted.version)), \
+        "the compaction rewrote files with deletion vectors"
+    exact("a compaction of files with deletion vectors")

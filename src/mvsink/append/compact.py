@@ -54,15 +54,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from mvsink import storage
 from mvsink.append import Shard, holds
 
 from mvsink.target.commit_info import META_READBACK, REASON_COMPACTION
 from mvsink.target.layout import META_ERRORS
-from mvsink.table import file_uri, latest_version
+from mvsink.table import file_uri, latest_version, live_files
 from mvsink.mint import Description
 from mvsink.target.read import since_of
 from mvsink.updates import DIFF, ERROR, RESERVED, TIME, advance_times, consolidate, normalize
 from mvsink.write import StagedBatch, sort_column, stage
+from mvsink.write.deletion_vectors import live_rows
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +109,10 @@ def compact(spark: SparkSession, shard: Shard, schema: T.StructType, since: int)
             return CompactionResult(current, None, 0, 0)
         frontier = min(since, upper - 1)
         removes = files_below(table, frontier)
-        batch = _rewrite(spark, shard, schema, removes, Description(frontier, upper)) if removes else None
+        dvs = _deletion_vectors(shard, table, removes)
+        batch = _rewrite(spark, shard, schema, removes, dvs, Description(frontier, upper)) if removes else None
         added = batch.files if batch else []
-        if not _still_present(shard, removes):
+        if not _still_present(shard, removes, dvs):
             # Removed by a rewrite without data change (e.g. a foreign OPTIMIZE): delta-rs would
             # not see the two commits conflict, and the rows would be there twice.
             _discard(shard, batch, f"files to compact were removed meanwhile (attempt {attempt})")
@@ -117,7 +120,7 @@ def compact(spark: SparkSession, shard: Shard, schema: T.StructType, since: int)
         commit_id = uuid.uuid4().hex
         try:
             shard.commit(table, upper, upper, REASON_COMPACTION, added, commit_id=commit_id,
-                         removes=removes, data_change=False, since=since)
+                         removes=removes, data_change=False, since=since, removed_deletion_vectors=dvs)
         except CommitFailedError as exc:
             version = shard.landed(shard.table(), table.version(), {commit_id})
             if version is None:
@@ -148,10 +151,11 @@ def compact_files(spark: SparkSession, shard: Shard, schema: T.StructType, error
             small = []
         if not small and len(error_files) <= 1:
             return CompactionResult(0, None, 0, 0)
+        dvs = _deletion_vectors(shard, table, small)
         parts = []
         if small:
-            rows = spark.read.schema(T.StructType([f for f in schema.fields if f.name in columns])).parquet(
-                *[file_uri(shard.target, path) for path, _ in small])
+            rows = live_rows(spark, shard.target, {path: dvs.get(path) for path, _ in small},
+                             T.StructType([f for f in schema.fields if f.name in columns]))
             partitions = max(1, math.ceil(sum(size for _, size in small) / _FILE_BYTES))
             parts.append(rows.coalesce(partitions).select(
                 *columns, F.lit(None).cast("string").alias(ERROR), F.lit(upper).cast("long").alias(TIME),
@@ -162,14 +166,15 @@ def compact_files(spark: SparkSession, shard: Shard, schema: T.StructType, error
             parts.append(consolidate(advance_times(errors, upper)).coalesce(1))
         batch = stage(reduce(DataFrame.unionByName, parts), Description(upper, upper + 1), shard.target,
                       shard.view_id, shard.replica_id, plain_columns=columns, order_by=order_by)
-        if not _still_present(shard, small):
+        if not _still_present(shard, small, dvs):
             _discard(shard, batch, f"files to compact were removed meanwhile (attempt {attempt})")
             continue
         commit_id = uuid.uuid4().hex
         folded = [f.path for f in batch.error_files]
         try:
             shard.commit(table, upper, upper, REASON_COMPACTION, batch.files, commit_id=commit_id, removes=small,
-                         data_change=False, extra={META_ERRORS: json.dumps(folded), META_READBACK: table.version()})
+                         data_change=False, extra={META_ERRORS: json.dumps(folded), META_READBACK: table.version()},
+                         removed_deletion_vectors=dvs)
         except CommitFailedError as exc:
             if shard.landed(shard.table(), table.version(), {commit_id}) is None:
                 _discard(shard, batch, f"the commit conflicted (attempt {attempt}): {exc}")
@@ -189,9 +194,21 @@ def small_files(table: DeltaTable) -> list[tuple[str, int]]:
     return [(a["path"], a["size_bytes"]) for a in actions if a["size_bytes"] < SMALL_FILE_BYTES]
 
 
-def _still_present(shard: Shard, files: list[tuple[str, int]]) -> bool:
-    """Whether the latest snapshot still holds all of ``files``."""
-    return not files or holds(shard.table(), files)
+def _deletion_vectors(shard: Shard, table: DeltaTable, files: list[tuple[str, int]]) -> dict[str, dict]:
+    """The deletion vector of each of ``files`` that has one in ``table``'s snapshot (none where
+    the shard does not allow them: the guard refused the table then)."""
+    if not shard.deletion_vectors or not files:
+        return {}
+    live = storage.retrying(f"listing the files of {shard.target}", live_files, shard.target, table.version())
+    return {path: live[path]["deletionVector"] for path, _ in files
+            if path in live and live[path].get("deletionVector")}
+
+
+def _still_present(shard: Shard, files: list[tuple[str, int]], deletion_vectors: dict[str, dict]) -> bool:
+    """Whether the latest snapshot still holds all of ``files``, each with the deletion vector it
+    had (``deletion_vectors``) where the shard allows them."""
+    return not files or holds(shard.table(), files, deletion_vectors if shard.deletion_vectors else None,
+                              shard.target)
 
 
 def _discard(shard: Shard, batch: StagedBatch | None, why: str) -> None:
@@ -219,10 +236,11 @@ def _earliest_time(action: dict) -> int | None:
 
 
 def _rewrite(spark: SparkSession, shard: Shard, schema: T.StructType, files: list[tuple[str, int]],
-             desc: Description) -> StagedBatch:
-    """Stage ``files``' updates with times advanced to `desc.lower`, consolidated."""
-    uris = [file_uri(shard.target, path) for path, _ in files]
-    updates = normalize(spark.read.schema(schema).parquet(*uris), schema)
+             deletion_vectors: dict[str, dict], desc: Description) -> StagedBatch:
+    """Stage ``files``' updates (without the rows their ``deletion_vectors`` delete) with times
+    advanced to `desc.lower`, consolidated."""
+    updates = normalize(live_rows(spark, shard.target, {path: deletion_vectors.get(path) for path, _ in files},
+                                  schema), schema)
     compacted = consolidate(advance_times(updates, desc.lower))
     partitions = max(1, math.ceil(sum(size for _, size in files) / _FILE_BYTES))
     return stage(compacted.coalesce(partitions), desc, shard.target, shard.view_id, shard.replica_id)
