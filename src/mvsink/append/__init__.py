@@ -12,6 +12,10 @@ with put-if-absent (a hard link on local filesystems, a conditional PUT on S3), 
 ``CommitFailedError`` when a commit that landed after its base snapshot carried a txn with the
 same appId. Every mvsink commit carries that txn, so of two replicas that read the same upper at
 most one commits; commits by foreign writers (no txn) do not conflict and are corrected later.
+A commit that removes a file with a deletion vector (a target that allows them,
+:attr:`Shard.deletion_vectors`) is written by mvsink itself (:mod:`mvsink.append.log_entry`),
+since delta-rs's ``remove`` cannot name the vector: put-if-absent at the version after its base
+snapshot, so any commit landing after that snapshot makes it fail the same way (and be tried again).
 
 Outcomes:
 
