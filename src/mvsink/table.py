@@ -7,8 +7,11 @@ version's actions are the lines of its commit file. This needs no Spark job and 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
+from collections.abc import Mapping
+from types import MappingProxyType
 from urllib.parse import unquote
 
 from pyarrow.fs import FileSelector
@@ -48,13 +51,16 @@ class LogReplayError(RuntimeError):
     """A table's log cannot be replayed here (a checkpoint kind this reader does not know)."""
 
 
-def live_files(table_uri: str, version: int) -> dict[str, dict]:
+@functools.lru_cache(maxsize=16)
+def live_files(table_uri: str, version: int) -> Mapping[str, dict]:
     """The add action of each logical file of the table's snapshot at ``version``, by path, as
     the log holds it (the JSON fields, ``deletionVector`` among them, which delta-rs's add actions
     leave out): the newest classic checkpoint at or below ``version`` (single- or multi-part), then
     the commits after it, each commit's removes before its adds (a file whose deletion vector
     changes is removed and added again in one commit). No Spark, no snapshot load. An add from a
-    checkpoint has ``dataChange`` false, as checkpoints store it."""
+    checkpoint has ``dataChange`` false, as checkpoints store it. A version's files never change,
+    so the last few versions read are kept (a step's read-back, commit check and compaction read
+    the same one), read-only."""
     fs, root = storage.filesystem(table_uri)
     log_dir = storage.join(root, "_delta_log")
     parts: dict[int, list[tuple[int, str]]] = {}
@@ -85,7 +91,7 @@ def live_files(table_uri: str, version: int) -> dict[str, dict]:
         for action in actions:
             if "add" in action:
                 live[action["add"]["path"]] = action["add"]
-    return live
+    return MappingProxyType(live)
 
 
 def _as_logged(add: dict) -> dict:
