@@ -40,7 +40,8 @@ REFUSED = {
 
 
 def _view(src: str, tgt: str, replica: str = "r1") -> ViewDefinition:
-    return ViewDefinition("guarded", tgt, ChangesInput(src), key=("id",), replica_id=replica)
+    """The view; ``deletion_vectors: off``, so a target with deletion vectors is refused."""
+    return ViewDefinition("guarded", tgt, ChangesInput(src), key=("id",), replica_id=replica, deletion_vectors="off")
 
 
 def _spark_target(spark, tgt: str, how: str) -> None:
@@ -163,7 +164,7 @@ def test_the_job_refuses_such_a_target_and_exits_instead_of_looping(spark, tmp_p
     _spark_target(spark, tgt, REFUSED["deletion vectors"][0])
     before = DeltaTable(tgt).version()
     config = write_config(tmp_path / "view.yaml", view_id="guarded", target=tgt, key=["id"],
-                          input={"kind": "changes", "source": src})
+                          input={"kind": "changes", "source": src}, deletion_vectors="off")
     result = subprocess.run([sys.executable, str(JOB), "--config", str(config)], cwd=ROOT,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from deltalake import DeltaTable
 
 from helpers import (Replica, commit_sql, create_source, edit_with_restarts, insert, read_plainly_at_every_time,
                      stop_all, view_upper_of, wait_for, write_config)
+from mvsink import table as delta_log
 from mvsink.check import caught_up, check_table, expected_from_source
 from mvsink.view import resolve_function
 
@@ -38,14 +40,16 @@ def _edit(spark, src, rng: random.Random, version: int, next_id: list[int]) -> N
         commit_sql(spark, f"DELETE FROM delta.`{src}` WHERE id % 7 = {version % 7}")
 
 
-def test_replicas_with_random_restarts_keep_the_table_exact(spark, tmp_path):
+@pytest.mark.parametrize("deletion_vectors", ["auto", "on"])
+def test_replicas_with_random_restarts_keep_the_table_exact(spark, tmp_path, deletion_vectors):
+    """``auto`` on a new target: files rewritten; ``on``: retractions marked in deletion vectors."""
     rng = random.Random(1000 + REPLICAS)
     src, tgt = str(tmp_path / "src"), str(tmp_path / "tgt")
     (tmp_path / "transform.py").write_text(TRANSFORM)
     create_source(spark, src, [(i, f"r0-{i}") for i in range(10)])
     config = write_config(tmp_path / "view.yaml", view_id="shouty", target=tgt, key=["id"],
                           input={"kind": "changes", "source": src, "map_row": "transform.py:shout",
-                                 "output_schema": "id BIGINT, v STRING"})
+                                 "output_schema": "id BIGINT, v STRING"}, deletion_vectors=deletion_vectors)
     logs = tmp_path / "logs"
     logs.mkdir()
     fleet = [Replica(config, f"r{i}", logs).start() for i in range(REPLICAS)]
@@ -73,3 +77,6 @@ def test_replicas_with_random_restarts_keep_the_table_exact(spark, tmp_path):
     # readers that know nothing of mvsink, at the version that holds each time
     times, versions = read_plainly_at_every_time(spark, tgt, "shouty", ["id", "v"], expected)
     assert times == view_upper_of(tgt, "shouty") and versions > 1, (times, versions)
+    marked = [v for v in range(delta_log.latest_version(tgt) + 1)
+              if any(a.get("add", {}).get("deletionVector") for a in delta_log.log_actions(tgt, v))]
+    assert bool(marked) == (deletion_vectors == "on"), f"versions with rows marked deleted: {marked}"

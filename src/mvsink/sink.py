@@ -54,6 +54,7 @@ from dataclasses import dataclass, field, replace
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from mvsink import storage
 from mvsink.target import layout
 from mvsink.append import Shard, compare_and_append
 from mvsink.target.commit_info import (META_HISTORY, META_READBACK, REASON_CORRECTION, REASON_PROGRESS,
@@ -75,8 +76,9 @@ from mvsink.metrics import ViewMetrics
 from mvsink.step_loop import StepLoop
 from mvsink.step_profile import PHASES, StepProfile
 from mvsink.mint import Description, Minter
-from mvsink.table import latest_version
+from mvsink.table import latest_version, live_files
 from mvsink.target.create import create_target, validate_target
+from mvsink.target.guard import allows_deletion_vectors
 from mvsink.target.ownership import check_target_owned
 from mvsink.timeline import (REASON_REPAIR_TIME, REASON_SOURCES, Timeline, TimeWentBackwards)
 from mvsink.updates import DIFF, ERROR, HELD, RESERVED, TIME, advance_times, consolidate, negate
@@ -179,6 +181,7 @@ class MaterializedView:
         self.view = view
         self.orphan_grace_seconds = orphan_grace_seconds
         self.shard = Shard(view.target, view.app_id, view.view_id, view.replica_id)
+        self.shard.deletion_vectors = view.deletion_vectors != "off"
         table_upper = self._table_upper()
         check_target_owned(view)
         self.timeline = Timeline(view.timeline, view.sources, view.replica_id)
@@ -659,22 +662,31 @@ class MaterializedView:
         """The table layout's batch (:func:`~mvsink.write.plain.stage_plain`), against the data
         files the read-back last saw."""
         columns = [f.name for f in self.schema.fields if f.name not in RESERVED]
+        mark = self._marks_deletions()
         return stage_plain(self.spark, updates, desc, self.view.target, self.view.view_id, self.view.replica_id,
-                           self._table_files(), columns, (self.view.key or columns)[0], key_ranges)
+                           self._table_files(mark), columns, (self.view.key or columns)[0], key_ranges, mark)
 
-    def _table_files(self) -> list[TableFile]:
+    def _marks_deletions(self) -> bool:
+        """Whether this step's retractions are marked in deletion vectors rather than rewritten:
+        the view does not say ``off`` and the target allows them
+        (:attr:`~mvsink.view.ViewDefinition.deletion_vectors`)."""
+        return self.view.deletion_vectors != "off" and allows_deletion_vectors(
+            self.readback.snapshot() or self.shard.table())
+
+    def _table_files(self, with_adds: bool = False) -> list[TableFile]:
         """The data files the read-back last saw, with their statistics of the prune column
-        (the key's first column, else the first) where the latest snapshot still has them.
-        Kept for the same files (a file's statistics never change): a step's key check and its
-        staging load the table's add actions once, from the read-back's snapshot where it holds
-        these files."""
+        (the key's first column, else the first) where the latest snapshot still has them, and
+        ``with_adds`` their add actions as the read-back's version holds them. Kept for the same
+        files (a file's statistics never change): a step's key check and its staging load the
+        table's add actions once, from the read-back's snapshot where it holds these files."""
         paths = frozenset(p for p in self.readback.files if not p.startswith(ERRORS_DIR + "/"))
-        if self._files_seen is not None and self._files_seen[0] == paths:
+        if self._files_seen is not None and self._files_seen[0] == paths and (
+                not with_adds or all(f.add is not None for f in self._files_seen[1])):
             return self._files_seen[1]
-        self._files_seen = (paths, self._load_table_files(paths))
+        self._files_seen = (paths, self._load_table_files(paths, with_adds))
         return self._files_seen[1]
 
-    def _load_table_files(self, paths: frozenset[str]) -> list[TableFile]:
+    def _load_table_files(self, paths: frozenset[str], with_adds: bool) -> list[TableFile]:
         if not paths:
             return []
         column = (self.view.key or [f.name for f in self.schema.fields])[0]
@@ -684,8 +696,10 @@ class MaterializedView:
                      for c in ("path", "size_bytes", f"min.{column}", f"max.{column}", f"null_count.{column}")))
         wanted = {path_of(name): name for name in paths}
         known = {r[0]: TableFile(*r) for r in rows if r[0] in wanted}
+        live = storage.retrying(f"listing the files of {self.view.target}", live_files, self.view.target,
+                                self.readback.version) if with_adds else {}
         return [replace(known.get(path) or TableFile(path, 0),
-                        deletion_vector=self.readback.deletion_vectors.get(name))
+                        deletion_vector=self.readback.deletion_vectors.get(name), add=live.get(path))
                 for path, name in sorted(wanted.items())]
 
     def _write_and_append(self, desc: Description, staged: _Staged | None) -> tuple[bool, int]:
@@ -712,10 +726,9 @@ class MaterializedView:
         if result.appended:
             # Own files need no read-back when nothing landed in between (the buffer knows them).
             exact = self.correction.since >= desc.lower  # the batch is the buffer's updates as they are
-            removed = {path for path, _ in batch.removes}
             adopted = not self.pending_repairs and self.readback.adopt(
-                result.commit_ids, [f.path for f in batch.files],
-                tuple(name for name in self.readback.files if path_of(name) in removed), error_files)
+                result.commit_ids, [f.path for f in batch.files], tuple(path for path, _ in batch.removes),
+                error_files, tuple(batch.marked))
             if adopted:
                 self.correction.drop_written(desc.upper, batch.num_records if exact else None)
             self.pending_repairs.clear()

@@ -146,6 +146,11 @@ class ViewDefinition:
     #: Take over an existing Delta target this view did not write (its rows not in the view are
     #: retracted); without it such a target is refused (:mod:`mvsink.target.ownership`).
     adopt: bool = False
+    #: Retractions in the table layout (:mod:`mvsink.write.rewrite`): ``on`` marks the rows deleted
+    #: in deletion vectors (the target is created with them allowed), ``off`` rewrites the files
+    #: holding them and refuses a target with deletion vectors, ``auto`` follows the target (marks
+    #: where it allows deletion vectors; a new target is created without them).
+    deletion_vectors: str = "auto"
 
     def __post_init__(self):
         if not self.view_id or any(c in self.view_id for c in "/\\ "):
@@ -157,6 +162,9 @@ class ViewDefinition:
 
         if self.layout is not None and self.layout not in LAYOUTS:
             raise ConfigError(f"view {self.view_id!r}: layout must be one of {list(LAYOUTS)}, not {self.layout!r}")
+        if self.deletion_vectors not in DELETION_VECTORS:
+            raise ConfigError(f"view {self.view_id!r}: deletion_vectors must be one of {list(DELETION_VECTORS)}, "
+                              f"not {self.deletion_vectors!r}")
 
         try:
             Retention.parse(self.retain_history)
@@ -193,6 +201,10 @@ class ViewDefinition:
     def app_id(self) -> str:
         """The Delta ``txn`` appId whose version is this view's upper; shared by all replicas."""
         return f"mvsink:{self.view_id}"
+
+
+#: The values of :attr:`ViewDefinition.deletion_vectors`.
+DELETION_VECTORS = ("auto", "on", "off")
 
 
 def normalize_path(path: str) -> str:
@@ -256,14 +268,14 @@ def load_config(path: str | os.PathLike, *, read_only: bool | None = None,
 
 
 _SETTINGS = {"view_id", "target", "key", "as_of", "input", "read_only", "replica_id", "sources",
-             "timeline", "retain_history", "layout", "adopt"}
+             "timeline", "retain_history", "layout", "adopt", "deletion_vectors"}
 
 
 def spec_from_yaml(path: str | os.PathLike) -> dict:
     """The view specification in a YAML file, relative paths made absolute (``base_dir``).
 
     A specification is plain data (it travels in ``CreateDataflow``): view_id, target, key, as_of,
-    sources (name: path), timeline (a path), retain_history, layout, adopt, input (kind, source, map_row, output_schema, query or
+    sources (name: path), timeline (a path), retain_history, layout, adopt, deletion_vectors, input (kind, source, map_row, output_schema, query or
     sql, and views: a list of {name, query or sql}; functions as ``module:function``), and
     ``base_dir``, the directory functions and relative paths are resolved against.
     """
@@ -370,7 +382,13 @@ def view_from_spec(spec: dict, *, read_only: bool, replica_id: str | None = None
         retain_history=spec.get("retain_history"),
         layout=spec.get("layout"),
         adopt=_flag(spec.get("adopt", False), f"{where}: adopt"),
+        deletion_vectors=_deletion_vectors_setting(spec.get("deletion_vectors", "auto")),
     )
+
+
+def _deletion_vectors_setting(value) -> object:
+    """YAML reads ``on``/``off`` as booleans: as the words they were."""
+    return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 def _flag(value, what: str) -> bool:

@@ -12,9 +12,10 @@ with put-if-absent (a hard link on local filesystems, a conditional PUT on S3), 
 ``CommitFailedError`` when a commit that landed after its base snapshot carried a txn with the
 same appId. Every mvsink commit carries that txn, so of two replicas that read the same upper at
 most one commits; commits by foreign writers (no txn) do not conflict and are corrected later.
-A commit that removes a file with a deletion vector (a target that allows them,
-:attr:`Shard.deletion_vectors`) is written by mvsink itself (:mod:`mvsink.append.log_entry`),
-since delta-rs's ``remove`` cannot name the vector: put-if-absent at the version after its base
+A commit that removes a file with a deletion vector, or adds one under a new vector (a batch
+that marks its retractions, :attr:`mvsink.write.StagedBatch.marked`; a target that allows them,
+:attr:`Shard.deletion_vectors`), is written by mvsink itself (:mod:`mvsink.append.log_entry`),
+since delta-rs's actions cannot carry a vector: put-if-absent at the version after its base
 snapshot, so any commit landing after that snapshot makes it fail the same way (and be tried again).
 
 Outcomes:
@@ -179,11 +180,13 @@ class Shard:
                files: list | None = None, repairs: list[int] | None = None,
                commit_id: str | None = None, removes: list[tuple[str, int]] | None = None,
                data_change: bool = True, since: int | None = None, extra: dict | None = None,
-               removed_deletion_vectors: dict[str, dict] | None = None) -> str:
+               removed_deletion_vectors: dict[str, dict] | None = None, marked: list[dict] | None = None) -> str:
         """One commit based on ``table``'s snapshot moving the txn from `lower` to `upper`.
 
-        It adds ``files`` (staged files) and removes ``removes`` (`(path, size)` of files in the
-        snapshot); ``data_change=False`` marks both as a rearrangement that changes no contents.
+        It adds ``files`` (staged files) and ``marked`` (add actions as the log holds them, files
+        of ``removes`` under new deletion vectors) and removes ``removes`` (`(path, size)` of files
+        in the snapshot; ``removed_deletion_vectors``: the vector each has, where it has one);
+        ``data_change=False`` marks both as a rearrangement that changes no contents.
         ``since`` is recorded as :data:`META_SINCE`, ``extra`` (``mvsink.*`` keys) as given. Returns
         the commit's id (``mvsink.commit``).
         """
@@ -209,9 +212,9 @@ class Shard:
         if since is not None:
             metadata[META_SINCE] = since
         metadata.update(extra or {})
-        if removed_deletion_vectors:
-            self._commit_own_entry(table, upper, now, metadata, files or [], removes or [], removed_deletion_vectors,
-                                   data_change)
+        if removed_deletion_vectors or marked:
+            self._commit_own_entry(table, upper, now, metadata, files or [], removes or [],
+                                   removed_deletion_vectors or {}, marked or [], data_change)
             return commit_id
         table.create_write_transaction(
             actions, mode="append", schema=table.schema(),
@@ -220,7 +223,8 @@ class Shard:
         return commit_id
 
     def _commit_own_entry(self, table: DeltaTable, upper: int, now: int, metadata: dict, files: list,
-                          removes: list[tuple[str, int]], deletion_vectors: dict[str, dict], data_change: bool) -> None:
+                          removes: list[tuple[str, int]], deletion_vectors: dict[str, dict], marked: list[dict],
+                          data_change: bool) -> None:
         """The commit :meth:`commit` describes, as a log entry of mvsink's own
         (:mod:`mvsink.append.log_entry`): a ``remove`` of a file with a deletion vector must name
         it, and delta-rs's actions cannot. Version ``table.version() + 1``, created only if absent:
@@ -236,6 +240,7 @@ class Shard:
             actions.append({"remove": remove})
         actions += [{"add": {"path": f.path, "size": f.size, "partitionValues": {}, "modificationTime": now,
                              "dataChange": data_change, "stats": f.stats}} for f in files]
+        actions += [{"add": {**add, "modificationTime": now, "dataChange": data_change}} for add in marked]
         version = table.version() + 1
         info = {"operation": "WRITE", "operationParameters": {"mode": "Append"}, **metadata}
         if not log_entry.commit_entry(self.target, version, actions, info):
@@ -275,6 +280,7 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
     files = batch.files if batch else []  # error files are listed by the commit info, not added
     removes = batch.removes if batch else []
     removed_deletion_vectors = batch.removed_deletion_vectors if batch else {}
+    marked = batch.marked if batch else []
     foreign_conflicts = 0
     transient_failures = 0
     #: Ids of this append's commit attempts, and the table version the first was based on: a
@@ -310,7 +316,7 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
             attempt_ids.add(commit_id)
             based_on = table.version() if based_on is None else based_on
             shard.commit(table, desc.lower, desc.upper, reason, files, repairs, commit_id, removes=removes,
-                         extra=extra, removed_deletion_vectors=removed_deletion_vectors)
+                         extra=extra, removed_deletion_vectors=removed_deletion_vectors, marked=marked)
             failpoints.hit(shard.failpoint_prefix + "after-commit")
             log.info("appended %s: %d files, %d updates (%s)", desc, len(files),
                      batch.num_records if batch else 0, reason)

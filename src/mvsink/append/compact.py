@@ -30,8 +30,9 @@ Invariants:
 
 In the table layout (:mod:`mvsink.target.layout`) there is no since to move: the table holds the view's
 rows, and its history is Delta's versions. :func:`compact_files` rewrites the data files smaller
-than :data:`SMALL_FILE_BYTES` into about one file per :data:`_FILE_BYTES` (the same rows, every
-action ``dataChange = false``) and folds the view's error files into one (the same consolidated
+than :data:`SMALL_FILE_BYTES`, and the files whose deletion vectors delete at least
+:data:`DELETED_SHARE` of their rows (:func:`worn_files`), into about one file per
+:data:`_FILE_BYTES` (the same rows, without the deleted ones; every action ``dataChange = false``) and folds the view's error files into one (the same consolidated
 errors), through the same commit path and checks.
 
 A failure other than a conflict propagates; staged files it leaves behind carry the ``mvsink-``
@@ -73,6 +74,9 @@ _MAX_ATTEMPTS = 10
 _FILE_BYTES = 128 << 20
 #: Table layout: data files below this size are rewritten together.
 SMALL_FILE_BYTES = 32 << 20
+#: Table layout: a data file whose deletion vector deletes at least this share of its rows is
+#: rewritten without them (a reader still reads the deleted rows, then drops them).
+DELETED_SHARE = 0.1
 
 
 class CompactionError(RuntimeError):
@@ -149,6 +153,7 @@ def compact_files(spark: SparkSession, shard: Shard, schema: T.StructType, error
         small = small_files(table)
         if len(small) < 2:
             small = []
+        small += [f for f in worn_files(shard, table) if f not in small]
         if not small and len(error_files) <= 1:
             return CompactionResult(0, None, 0, 0)
         dvs = _deletion_vectors(shard, table, small)
@@ -192,6 +197,21 @@ def small_files(table: DeltaTable) -> list[tuple[str, int]]:
     """`(path, size)` of the snapshot's data files smaller than :data:`SMALL_FILE_BYTES`."""
     actions = pa.table(table.get_add_actions(flatten=True)).select(["path", "size_bytes"]).to_pylist()
     return [(a["path"], a["size_bytes"]) for a in actions if a["size_bytes"] < SMALL_FILE_BYTES]
+
+
+def worn_files(shard: Shard, table: DeltaTable) -> list[tuple[str, int]]:
+    """`(path, size)` of the snapshot's data files whose deletion vector deletes at least
+    :data:`DELETED_SHARE` of their rows (none where the shard does not allow deletion vectors)."""
+    if not shard.deletion_vectors or "deletionVectors" not in (table.protocol().reader_features or ()):
+        return []
+    live = storage.retrying(f"listing the files of {shard.target}", live_files, shard.target, table.version())
+    worn = []
+    for path, add in live.items():
+        vector = add.get("deletionVector")
+        rows = json.loads(add.get("stats") or "{}").get("numRecords")
+        if vector and rows and vector["cardinality"] >= DELETED_SHARE * rows:
+            worn.append((path, add["size"]))
+    return sorted(worn)
 
 
 def _deletion_vectors(shard: Shard, table: DeltaTable, files: list[tuple[str, int]]) -> dict[str, dict]:

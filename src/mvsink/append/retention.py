@@ -3,8 +3,9 @@
 In the table layout (:mod:`mvsink.target.layout`) the table's history is Delta's own versions, kept as
 Delta's log and ``VACUUM`` retention keep them; there the compaction rewrites small files into
 fewer (:func:`~mvsink.append.compact.compact_files`) once the table holds more than
-:data:`COMPACT_SMALL_FILES` small data files or error files, so that a reader opens about as many
-files as a plain table of the same rows has; ``retain_history`` gives up nothing.
+:data:`COMPACT_SMALL_FILES` small data files or error files, or a file whose deletion vector
+deletes a good share of its rows (:func:`~mvsink.append.compact.worn_files`), so that a reader opens
+and reads about as much as a plain table of the same rows has; ``retain_history`` gives up nothing.
 In the update layout a view declares ``retain_history``: a duration (``90s``, ``30m``, ``1h``, ``7d``), a number of
 times (``100``), or ``all``. Default: :data:`DEFAULT`. From it a writing replica derives the since
 it may compact to:
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from deltalake import DeltaTable
 
 from mvsink import storage
-from mvsink.append.compact import compact, compact_files, small_files
+from mvsink.append.compact import compact, compact_files, small_files, worn_files
 from mvsink.target.layout import TABLE
 from mvsink.view import ConfigError
 
@@ -120,7 +121,8 @@ class Upkeep:
         if self.files_after_compaction is None:
             self.files_after_compaction = files
         if view.layout == TABLE:
-            if len(small_files(table)) <= COMPACT_SMALL_FILES and len(view.readback.error_files) <= COMPACT_SMALL_FILES:
+            if (len(small_files(table)) <= COMPACT_SMALL_FILES and len(view.readback.error_files) <= COMPACT_SMALL_FILES
+                    and not worn_files(view.shard, table)):
                 return
             result = compact_files(view.spark, view.shard, view.schema, view.readback.error_files, view.view.key)
         elif files < self.files_after_compaction + COMPACT_AFTER_FILES:

@@ -162,11 +162,12 @@ class ReadBack:
         return self._read(files, self.deletion_vectors)
 
     def adopt(self, commit_ids: frozenset[str], added: list[str], removed: tuple[str, ...] = (),
-              error_files: list[str] | None = None) -> bool:
-        """Take the view's own winning commit (carrying one of ``commit_ids``, adding and
-        removing those files) as read back, if it is the next version after the last poll, or
-        version 1 after a poll that found no table and a version 0 that added no files. False:
-        left to the next poll."""
+              error_files: list[str] | None = None, marked: tuple[dict, ...] = ()) -> bool:
+        """Take the view's own winning commit (carrying one of ``commit_ids``, adding the files
+        ``added`` and the add actions ``marked``, files under new deletion vectors, and removing
+        the files at the paths ``removed``, whatever their vectors) as read back, if it is the
+        next version after the last poll, or version 1 after a poll that found no table and a
+        version 0 that added no files. False: left to the next poll."""
         base = self.version
         if base < 0:
             created = storage.retrying(f"reading version 0 of {self.shard.target}", log_actions,
@@ -183,7 +184,13 @@ class ReadBack:
         if info.get(META_COMMIT) not in commit_ids:
             return False
         self.shard.history.record(base + 1, actions)
-        self.version, self.files = base + 1, (self.files - set(removed)) | set(added)
+        gone = {name for name in self.files if path_of(name) in set(removed)}
+        self.deletion_vectors = {name: dv for name, dv in self.deletion_vectors.items() if name not in gone}
+        for add in marked:
+            name = logical_file(add["path"], add["deletionVector"])
+            self.deletion_vectors[name] = add["deletionVector"]
+            added = [*added, name]
+        self.version, self.files = base + 1, (self.files - gone) | set(added)
         self._snapshot = None
         if error_files is not None:
             self.files = (self.files - set(self.error_files)) | set(error_files)

@@ -16,6 +16,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from mvsink import storage
+from mvsink.target.guard import allows_deletion_vectors
 from mvsink.target.layout import LAYOUT_PROPERTY, TABLE, stored_schema
 from mvsink.table import latest_version, spark_uri
 from mvsink.view import ConfigError, ViewDefinition
@@ -29,6 +30,11 @@ def validate_target(spark: SparkSession, view: ViewDefinition, schema: T.StructT
     (``schema``) are stored as in ``layout``."""
     if latest_version(view.target) is None:
         return
+    if view.deletion_vectors == "on" and not allows_deletion_vectors(
+            DeltaTable(storage.delta_uri(view.target), storage_options=storage.storage_options(view.target))):
+        raise ConfigError(f"view {view.view_id!r} says deletion_vectors: on, but its target {view.target} does "
+                          f"not allow them: ALTER TABLE delta.`{view.target}` SET TBLPROPERTIES "
+                          "(delta.enableDeletionVectors = true), or say auto (follow the table) or off")
     schema = stored_schema(layout, schema)
     actual = spark.read.format("delta").load(spark_uri(view.target)).schema
     want = {f.name: f.dataType for f in schema.fields}
@@ -49,15 +55,19 @@ def create_target(view: ViewDefinition, schema: T.StructType, layout: str | None
     """Create the target table for updates in ``schema`` in ``layout`` (default: the view's, else
     ``table``), unless another replica got there first."""
     layout = layout or view.layout or TABLE
+    configuration = {LAYOUT_PROPERTY: layout, **initial_properties(view, schema)}
+    if view.deletion_vectors == "on":
+        configuration["delta.enableDeletionVectors"] = "true"
     try:
         DeltaTable.create(
             storage.delta_uri(view.target), schema=to_arrow_schema(stored_schema(layout, schema)),
             mode="ignore", name=view.view_id, description=f"mvsink view {view.view_id}",
-            configuration={LAYOUT_PROPERTY: layout, **initial_properties(view, schema)},
+            configuration=configuration,
             raise_if_key_not_exists=False,
             storage_options=storage.storage_options(view.target),
         )
-        log.info("created target table %s (%s layout)", view.target, layout)
+        log.info("created target table %s (%s layout%s)", view.target, layout,
+                 ", deletion vectors" if view.deletion_vectors == "on" else "")
     except Exception:
         if latest_version(view.target) is None:
             raise

@@ -4,8 +4,9 @@ mvsink commits staged Parquet files through delta-rs with no Spark in the path, 
 table back by its list of data files (:mod:`mvsink.correction.readback`). So a table is refused,
 with an error naming the feature and the fix, when it has anything those two cannot honour:
 
-* deletion vectors (rows deleted without removing their file are invisible to the read-back,
-  which follows data files, and to the retractions' search of the table's files);
+* deletion vectors, where the view says ``deletion_vectors: off`` (otherwise the read-back
+  follows logical files and the retractions' search skips deleted rows, and with ``on``/``auto``
+  mvsink marks its own retractions in them: :func:`allows_deletion_vectors`);
 * column mapping (mvsink writes columns under their names, not physical ids);
 * check constraints, invariants, generated or identity columns (nothing in the commit path
   enforces or fills them);
@@ -36,16 +37,17 @@ TXN_RETENTION = "delta.setTransactionRetentionDuration"
 
 #: Features whose tables mvsink commits to and reads back correctly (delta-rs 1.6 supports them
 #: and they constrain nothing mvsink writes).
-ALLOWED_READER_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck"})
+#: ``variantType``: delta-rs 1.6 lists it in every table it creates with table features (one with
+#: deletion vectors); mvsink's views have no variant columns.
+ALLOWED_READER_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck", "variantType"})
 ALLOWED_WRITER_FEATURES = frozenset({"appendOnly", "invariants", "checkConstraints", "changeDataFeed",
                                      "generatedColumns", "identityColumns", "timestampNtz",
-                                     "vacuumProtocolCheck", "domainMetadata"})
+                                     "vacuumProtocolCheck", "domainMetadata", "variantType"})
 
 #: Why a feature is refused, for the ones a user is likely to meet.
 _WHY = {
-    "deletionVectors": "rows deleted by a deletion vector stay in their file, so mvsink's read-back, "
-                       "which follows data files, would not see them go, and a retraction could take "
-                       "out a row already deleted",
+    "deletionVectors": "the view says deletion_vectors: off, which keeps the table readable by "
+                       "readers without deletion vectors; say auto or on to take it",
     "columnMapping": "mvsink writes Parquet columns under their names, column mapping reads them by "
                      "physical name",
     "rowTracking": "mvsink's commits do not assign row ids",
@@ -68,6 +70,15 @@ class UpperWentBackwards(ConfigError):
 
 class ForeignTransaction(ConfigError):
     """A commit that is not the view's carries the view's txn appId."""
+
+
+def allows_deletion_vectors(table: DeltaTable) -> bool:
+    """Whether a commit may add files with deletion vectors to ``table``: its protocol has the
+    ``deletionVectors`` reader and writer features and ``delta.enableDeletionVectors`` is true."""
+    protocol = table.protocol()
+    return ("deletionVectors" in (protocol.reader_features or ()) and "deletionVectors" in
+            (protocol.writer_features or ()) and
+            table.metadata().configuration.get("delta.enableDeletionVectors", "false").lower() == "true")
 
 
 def check_supported(table: DeltaTable, uri: str, deletion_vectors: bool = False) -> None:

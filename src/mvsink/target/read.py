@@ -36,7 +36,10 @@ class NotReadable(ValueError):
 
 
 def _shard(target: str, view_id: str) -> Shard:
-    return Shard(target, f"mvsink:{view_id}", view_id, "reader")
+    """A shard that only reads: it takes a target with deletion vectors (reading writes nothing)."""
+    shard = Shard(target, f"mvsink:{view_id}", view_id, "reader")
+    shard.deletion_vectors = True
+    return shard
 
 
 def view_upper(target: str, view_id: str) -> int:

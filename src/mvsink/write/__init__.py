@@ -40,6 +40,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from mvsink import failpoints, storage
 from mvsink.mint import Description
 from mvsink.updates import DIFF, ERROR, TIME, consolidate
+from mvsink.write.deletion_vectors import file_uri
 from mvsink.write.stats import FileStats
 
 if TYPE_CHECKING:
@@ -94,6 +95,10 @@ class StagedBatch:
     removes: list[tuple[str, int]] = field(default_factory=list)
     #: The deletion vector of each of ``removes`` that had one when the batch was computed.
     removed_deletion_vectors: dict[str, dict] = field(default_factory=dict)
+    #: Add actions (as the log holds them) of files of ``removes`` again, each under a new
+    #: deletion vector (its file written, referenced by nothing until the commit) that marks the
+    #: batch's retractions in it deleted (:mod:`mvsink.write.rewrite`).
+    marked: list[dict] = field(default_factory=list)
     error_files: list[StagedFile] = field(default_factory=list)
     #: Updates the batch writes (data rows added and removed, error updates).
     updates: int | None = None
@@ -105,19 +110,22 @@ class StagedBatch:
 
     @property
     def empty(self) -> bool:
-        return not (self.files or self.removes or self.error_files)
+        return not (self.files or self.removes or self.error_files or self.marked)
 
     def delete(self) -> None:
-        """Remove the staged files (after losing the race); missing files are fine."""
+        """Remove the staged files and deletion vector files (after losing the race); missing
+        files are fine."""
         fs, root = storage.filesystem(self.target)
-        for f in self.files + self.error_files:
+        paths = [storage.join(root, f.path) for f in self.files + self.error_files]
+        paths += [storage.filesystem(file_uri(self.target, add["deletionVector"]))[1] for add in self.marked]
+        for path in paths:
             try:
-                storage.retrying(f"deleting staged file {f.path}", _delete_if_exists, fs,
-                                 storage.join(root, f.path))
+                storage.retrying(f"deleting staged file {path}", _delete_if_exists, fs, path)
             except storage.StorageUnavailable as exc:
-                # Not committed by anyone: cleanup deletes it once it is older than the grace.
-                log.warning("could not delete staged file %s, left for cleanup: %s", f.path, exc)
-        log.info("deleted %d staged files of %s", len(self.files) + len(self.error_files), self.desc)
+                # Not committed by anyone: cleanup (a data file) or VACUUM (a deletion vector
+                # file) deletes it later.
+                log.warning("could not delete staged file %s, left for cleanup: %s", path, exc)
+        log.info("deleted %d staged files of %s", len(paths), self.desc)
 
 
 def _delete_if_exists(fs, path: str) -> None:

@@ -3,8 +3,8 @@
 A batch of the table layout (:mod:`mvsink.target.layout`) holds ok updates (rows with their diffs) and
 error updates. Staged, nothing committed:
 
-* a retraction (diff `-k`) as rewrites of the files holding `k` copies of the row
-  (:mod:`mvsink.write.rewrite`);
+* a retraction (diff `-k`) as rewrites of the files holding `k` copies of the row, or with
+  ``mark`` as deletion vectors marking them deleted (:mod:`mvsink.write.rewrite`);
 * an insertion (diff `+k`) as `k` plain rows (the view's columns only);
 * error updates as they are, in a file under :data:`~mvsink.write.ERRORS_DIR`.
 
@@ -53,10 +53,11 @@ GATHERED_UPDATES = 200_000
 
 def stage_plain(spark: SparkSession, updates: DataFrame, desc: Description, target: str, view_id: str,
                 replica_id: str, table_files: list[TableFile], columns: list[str], prune_column: str,
-                key_ranges: KeyRanges | None = None) -> StagedBatch:
+                key_ranges: KeyRanges | None = None, mark: bool = False) -> StagedBatch:
     """Stage ``updates`` (the batch for ``desc``) against ``table_files`` (the table's data files
-    as the read-back saw them); see the module doc. Every data file staged holds its rows in
-    the order of ``prune_column`` (:func:`~mvsink.write.sort_column`)."""
+    as the read-back saw them; with ``mark``, each with its add action); see the module doc.
+    Every data file staged holds its rows in the order of ``prune_column``
+    (:func:`~mvsink.write.sort_column`)."""
     prefix = staged_prefix(view_id, desc, replica_id)
     order_by = sort_column(prune_column, updates.schema)
     if table_files and key_ranges is None:
@@ -64,23 +65,24 @@ def stage_plain(spark: SparkSession, updates: DataFrame, desc: Description, targ
         gathered = updates.limit(GATHERED_UPDATES + 1).toArrow()
         if gathered.num_rows <= GATHERED_UPDATES:
             return _stage_gathered(spark, gathered, desc, target, table_files, columns, prune_column, order_by,
-                                   prefix, time.monotonic() - started)
+                                   prefix, time.monotonic() - started, mark)
     rewrites = None
     if table_files:
         retractions = updates.where(F.col(ERROR).isNull() & (F.col(DIFF) < 0))
-        rewrites = rewrite_retractions(spark, retractions, table_files, target, prefix, columns, prune_column)
+        rewrites = rewrite_retractions(spark, retractions, table_files, target, prefix, columns, prune_column, mark)
         updates = updates.where(F.col(ERROR).isNotNull() | (F.col(DIFF) > 0))
     batch = stage(updates, desc, target, view_id, replica_id, key_ranges, plain_columns=columns, order_by=order_by)
     if rewrites is not None:
         batch.files += rewrites.files
         batch.removes, batch.removed_deletion_vectors = rewrites.removes, rewrites.removed_deletion_vectors
+        batch.marked = rewrites.marked
         batch.updates += rewrites.retractions
     return batch
 
 
 def _stage_gathered(spark: SparkSession, updates: pa.Table, desc: Description, target: str,
                     table_files: list[TableFile], columns: list[str], prune_column: str,
-                    order_by: str | None, prefix: str, gathering: float) -> StagedBatch:
+                    order_by: str | None, prefix: str, gathering: float, mark: bool) -> StagedBatch:
     started = time.monotonic()
     ok = pc.is_null(updates.column(ERROR))
     rows = updates.filter(ok)
@@ -92,15 +94,16 @@ def _stage_gathered(spark: SparkSession, updates: pa.Table, desc: Description, t
     if retractions.num_rows:
         wanted = retractions.select(columns).append_column(COPIES, pc.negate(retractions.column(DIFF)))
         rewrites, inserts = rewrite_gathered(spark, wanted, inserts, table_files, target, prefix, prune_column,
-                                             order_by)
+                                             order_by, mark)
         batch.files, batch.removes = rewrites.files, rewrites.removes
-        batch.removed_deletion_vectors = rewrites.removed_deletion_vectors
+        batch.removed_deletion_vectors, batch.marked = rewrites.removed_deletion_vectors, rewrites.marked
     rewritten = time.monotonic()
     batch.files += _write(target, f"{prefix}-driver.parquet", sorted_rows(inserts, order_by))
     batch.error_files = _write(target, f"{ERRORS_DIR}/{prefix}-driver.parquet", updates.filter(pc.invert(ok)))
-    log.info("staged %d updates for %s through the driver: %d files added, %d removed; gathered in %.2fs, "
-             "rewrites %.2fs, driver writes %.2fs", updates.num_rows, desc, len(batch.files), len(batch.removes),
-             gathering, rewritten - started, time.monotonic() - rewritten)
+    log.info("staged %d updates for %s through the driver: %d files added, %d removed (%d of them marked in "
+             "deletion vectors); gathered in %.2fs, rewrites %.2fs, driver writes %.2fs", updates.num_rows, desc,
+             len(batch.files), len(batch.removes), len(batch.marked), gathering, rewritten - started,
+             time.monotonic() - rewritten)
     failpoints.hit("after-stage")
     return batch
 

@@ -26,9 +26,17 @@ sorted by the prune column stays sorted, see :func:`mvsink.write.sort_column`):
   row (null-safe), and the first `k` copies of each in (file, position) order are deleted; only
   their positions reach the driver.
 
+Where the target takes deletion vectors and the view marks its retractions in them
+(``mark``, :attr:`mvsink.view.ViewDefinition.deletion_vectors`), both ways find the same copies
+but write no file: each file holding one keeps its rows and gets a deletion vector that also
+marks those positions deleted (:func:`mvsink.write.deletion_vectors.delete_rows`; the file's
+``remove`` under its old vector and ``add`` under the new one, :attr:`Rewrites.marked`), and the
+inserted rows go to new files. A step then costs its changes, not the files they fall in; the
+files whose deleted share grows are rewritten by the compaction (:mod:`mvsink.append.compact`).
+
 Invariants: exactly `k` copies of each retracted row go, or :class:`RetractionNotFound` is raised
 and nothing is staged (the table does not hold what the buffer says it does: the read-back is
-behind it); only files holding a deleted copy are rewritten.
+behind it); only files holding a deleted copy are rewritten or marked.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from functools import reduce
 from urllib.parse import unquote
@@ -53,7 +62,7 @@ from mvsink import storage
 from mvsink.file_stats import bounds, overlaps
 from mvsink.updates import DIFF
 from mvsink.write import _FILE_LIST_SCHEMA, StagedFile, _delete_if_exists, _FileWriter, sorted_rows
-from mvsink.write.deletion_vectors import FILE, ROW, live_rows, read_dv
+from mvsink.write.deletion_vectors import FILE, ROW, delete_rows, live_rows, read_dv
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +91,8 @@ class TableFile:
     #: Its deletion vector's descriptor (None: none): the rows at the positions it deletes are
     #: not the table's; no retraction finds them, and a rewrite of the file leaves them out.
     deletion_vector: dict | None = None
+    #: Its add action as the log holds it; given where retractions are marked in deletion vectors.
+    add: dict | None = None
 
 
 @dataclass
@@ -93,12 +104,17 @@ class Rewrites:
     deleted: int
     #: The deletion vector of each of ``removes`` that has one.
     removed_deletion_vectors: dict[str, dict] = field(default_factory=dict)
+    #: Marking only: the add actions of ``removes`` again, each under its new deletion vector
+    #: (none for a file left without rows).
+    marked: list[dict] = field(default_factory=list)
 
 
 def rewrite_retractions(spark: SparkSession, retractions: DataFrame, table_files: list[TableFile],
-                        target: str, prefix: str, columns: list[str], prune_column: str) -> Rewrites:
+                        target: str, prefix: str, columns: list[str], prune_column: str,
+                        mark: bool = False) -> Rewrites:
     """Stage the rewrites that take ``retractions`` (ok updates with negative diffs, the view's
-    ``columns``) out of ``table_files``; see the module doc."""
+    ``columns``) out of ``table_files``, or with ``mark`` the deletion vectors that do; see the
+    module doc."""
     counts = retractions.groupBy(prune_column).agg(F.count(F.lit(1)).alias("n"), F.sum(-F.col(DIFF)).alias("k"))
     gathered = counts.limit(_MAX_PRUNE_VALUES + 1).collect()
     if not gathered:
@@ -120,10 +136,16 @@ def rewrite_retractions(spark: SparkSession, retractions: DataFrame, table_files
     for name, position in deletions:
         by_file.setdefault(name, []).append(position)
     touched = [f for f in candidates if os.path.basename(unquote(f.path)) in by_file]
+    removes = [(f.path, f.size) for f in touched]
+    if mark:
+        marked = _marked(target, touched, {f.path: by_file[os.path.basename(unquote(f.path))] for f in touched})
+        log.info("retracting %d copies (%d updates): %d of %d files read, %d marked in deletion vectors",
+                 copies, updates, len(candidates), len(table_files), len(touched))
+        return Rewrites([], removes, updates, copies, _deletion_vectors(touched), marked)
     staged = _rewrite(spark, touched, by_file, target, prefix)
     log.info("retracting %d copies (%d updates): %d of %d files read, %d rewritten", copies, updates,
              len(candidates), len(table_files), len(touched))
-    return Rewrites(staged, [(f.path, f.size) for f in touched], updates, copies, _deletion_vectors(touched))
+    return Rewrites(staged, removes, updates, copies, _deletion_vectors(touched))
 
 
 def _prune_by_values(files: list[TableFile], values: list) -> list[TableFile]:
@@ -211,6 +233,19 @@ def _deletion_vectors(files: list[TableFile]) -> dict[str, dict]:
     return {f.path: f.deletion_vector for f in files if f.deletion_vector}
 
 
+def _marked(target: str, files: list[TableFile], deletions: dict[str, list[int]]) -> list[dict]:
+    """The add actions of ``files`` under new deletion vectors that also mark their rows at
+    ``deletions`` (by path) deleted, the vectors' files written (no add for a file left without
+    rows: its remove alone takes it out)."""
+    now = int(time.time() * 1000)
+    marked = []
+    for f in files:
+        if f.add is None:
+            raise ValueError(f"no add action of {f.path} to mark its deleted rows in (TableFile.add)")
+        marked += [a["add"] for a in delete_rows(target, f.add, deletions[f.path], now) if "add" in a]
+    return marked
+
+
 def _deleted_already(target: str, file: TableFile) -> list[int]:
     """The positions of ``file`` its deletion vector deletes (none without one)."""
     return read_dv(target, file.deletion_vector).tolist() if file.deletion_vector else []
@@ -228,19 +263,20 @@ _NAN = ("mvsink-nan",)
 
 def rewrite_gathered(spark: SparkSession, retractions: pa.Table, inserts: pa.Table,
                      table_files: list[TableFile], target: str, prefix: str,
-                     prune_column: str, order_by: str | None) -> tuple[Rewrites, pa.Table]:
+                     prune_column: str, order_by: str | None, mark: bool = False) -> tuple[Rewrites, pa.Table]:
     """Stage the rewrites that take ``retractions`` (the view's columns and :data:`COPIES`, held
     on the driver) out of ``table_files``, folding ``inserts`` (plain rows) into the rewritten
-    files, each insert into the file whose range of the prune column it falls in; see the module
-    doc. A rewritten file holds its rows in ``order_by``'s order. Returns the rewrites and the
-    inserts no rewrite took."""
+    files, each insert into the file whose range of the prune column it falls in; with ``mark``,
+    the deletion vectors that take them out instead, folding nothing; see the module doc. A
+    rewritten file holds its rows in ``order_by``'s order. Returns the rewrites and the inserts no
+    rewrite took."""
     copies = retractions.column(COPIES).to_pylist()
     candidates = _prune_by_values(table_files, list(set(retractions.column(prune_column).to_pylist())))
     if not candidates:
         raise RetractionNotFound(f"no file of the table can hold the {sum(copies)} row copies the batch "
                                  "retracts; the read-back is behind the table")
-    shares = _shares(inserts, candidates, prune_column)
-    outcomes = _run_rewrites(spark, candidates, retractions, shares, {}, target, prefix, prune_column, order_by)
+    shares = [inserts.slice(0, 0)] * len(candidates) if mark else _shares(inserts, candidates, prune_column)
+    outcomes = _run_rewrites(spark, candidates, retractions, shares, {}, target, prefix, prune_column, order_by, mark)
     matched = [0] * len(copies)
     for outcome in outcomes.values():
         for r, n in outcome.matched.items():
@@ -257,8 +293,15 @@ def rewrite_gathered(spark: SparkSession, retractions: pa.Table, inserts: pa.Tab
         redone = [f for f in candidates if f.path in quotas]
         outcomes.update(_run_rewrites(spark, redone, retractions,
                                       [shares[candidates.index(f)] for f in redone], quotas, target,
-                                      prefix + "-q", prune_column, order_by))
+                                      prefix + "-q", prune_column, order_by, mark))
     touched = [f for f in candidates if outcomes[f.path].rewritten]
+    removes = [(f.path, f.size) for f in touched]
+    if mark:
+        marked = _marked(target, touched, {f.path: outcomes[f.path].dropped for f in touched})
+        log.info("retracting %d copies (%d updates): %d of %d files read, %d marked in deletion vectors%s",
+                 sum(copies), retractions.num_rows, len(candidates), len(table_files), len(touched),
+                 f", {len(quotas)} read again to keep k copies" if quotas else "")
+        return Rewrites([], removes, retractions.num_rows, sum(copies), _deletion_vectors(touched), marked), inserts
     unplaced = [shares[i] for i, f in enumerate(candidates) if not outcomes[f.path].rewritten]
     log.info("retracting %d copies (%d updates): %d of %d files read, %d rewritten, %d inserted rows "
              "folded into them%s", sum(copies), retractions.num_rows, len(candidates), len(table_files),
@@ -266,8 +309,7 @@ def rewrite_gathered(spark: SparkSession, retractions: pa.Table, inserts: pa.Tab
              f", {len(quotas)} rewritten again to keep k copies" if quotas else "")
     staged = [outcomes[f.path].file for f in touched if outcomes[f.path].file]
     rest = pa.concat_tables(unplaced) if unplaced else inserts.slice(0, 0)
-    return (Rewrites(staged, [(f.path, f.size) for f in touched], retractions.num_rows, sum(copies),
-                     _deletion_vectors(touched)), rest)
+    return Rewrites(staged, removes, retractions.num_rows, sum(copies), _deletion_vectors(touched)), rest
 
 
 @dataclass
@@ -282,6 +324,8 @@ class _Outcome:
     matched: dict[int, int]
     #: Retraction index -> copies deleted.
     deleted: dict[int, int]
+    #: The positions of the copies deleted, where they are marked rather than rewritten.
+    dropped: list[int] = field(default_factory=list)
 
 
 def _shares(inserts: pa.Table, files: list[TableFile], prune_column: str) -> list[pa.Table]:
@@ -334,14 +378,16 @@ _OUTCOME_SCHEMA = T.StructType(_FILE_LIST_SCHEMA.fields + [
     T.StructField("rewritten", T.BooleanType()),
     T.StructField("matched", T.ArrayType(T.LongType())),
     T.StructField("deleted", T.ArrayType(T.LongType())),
+    T.StructField("dropped", T.ArrayType(T.LongType())),
 ])
 
 
 def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.Table, shares: list[pa.Table],
                   quotas: dict[str, dict[int, int]], target: str, prefix: str,
-                  prune_column: str, order_by: str | None) -> dict[str, _Outcome]:
+                  prune_column: str, order_by: str | None, mark: bool) -> dict[str, _Outcome]:
     """Per file (:func:`_rewrite_file`): find the retracted rows' copies in it, and where it holds
-    one, rewrite it without the copies to delete and with its share of the inserts. Files of at
+    one, rewrite it without the copies to delete and with its share of the inserts (``mark``:
+    only find the positions to delete). Files of at
     most :data:`DRIVER_REWRITE_BYTES` in all are rewritten here, one after the other (a Spark job
     costs more than reading them); more by one Spark task each. Returns each file's outcome."""
     jobs = [(f.path, i, sorted((quotas.get(f.path) or {}).items()), _deleted_already(target, f))
@@ -349,7 +395,7 @@ def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.T
     if sum(f.size for f in files) <= DRIVER_REWRITE_BYTES:
         fs, root = storage.filesystem(target)
         return {path: _rewrite_file(fs, root, target, f"{prefix}-rwd-{share}.parquet", path, retractions,
-                                    shares[share], dict(quota), prune_column, order_by, gone)
+                                    shares[share], dict(quota), prune_column, order_by, gone, mark)
                 for path, share, quota, gone in jobs}
     payload = spark.sparkContext.broadcast(_ipc([retractions] + shares))
     frame = spark.createDataFrame([(path, share, [list(q) for q in quota], gone) for path, share, quota, gone in jobs],
@@ -368,7 +414,7 @@ def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.T
                                                    for c in ("path", "share", "quotas", "gone"))):
                 name = f"{prefix}-rw{context.partitionId():05d}-{share}-{context.attemptNumber()}.parquet"
                 outcome = _rewrite_file(fs, root, target, name, path, tables[0], tables[1 + share],
-                                        dict(quota or []), prune_column, order_by, gone)
+                                        dict(quota or []), prune_column, order_by, gone, mark)
                 staged = outcome.file
                 yield pa.RecordBatch.from_pydict({
                     "path": pa.array([staged and staged.path], pa.string()),
@@ -379,6 +425,7 @@ def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.T
                     "source": pa.array([path]), "rewritten": pa.array([outcome.rewritten]),
                     "matched": pa.array([_flat(outcome.matched)], pa.list_(pa.int64())),
                     "deleted": pa.array([_flat(outcome.deleted)], pa.list_(pa.int64())),
+                    "dropped": pa.array([outcome.dropped], pa.list_(pa.int64())),
                 }, schema=out_schema)
 
     try:
@@ -386,34 +433,40 @@ def _run_rewrites(spark: SparkSession, files: list[TableFile], retractions: pa.T
     finally:
         payload.destroy()
     return {r.source: _Outcome(StagedFile(r.path, r.size, r.num_records, r.stats) if r.path else None,
-                               r.rewritten, _unflat(r.matched), _unflat(r.deleted)) for r in rows}
+                               r.rewritten, _unflat(r.matched), _unflat(r.deleted), list(r.dropped or []))
+            for r in rows}
 
 
 def _rewrite_file(fs, root: str, target: str, name: str, path: str, wanted: pa.Table, given: pa.Table,
-                  limits: dict[int, int], prune_column: str, order_by: str | None, gone: list[int]) -> _Outcome:
+                  limits: dict[int, int], prune_column: str, order_by: str | None, gone: list[int],
+                  mark: bool = False) -> _Outcome:
     """The table file ``path``: the copies in it of each row of ``wanted`` (the retractions, with
     their :data:`COPIES`), and where it holds one, its rewrite staged as ``name`` without up to `k`
     copies of each (in file order; ``limits``: a row's quota instead) and with ``given`` (its share
-    of the inserts), in ``order_by``'s order. The rows at ``gone`` (its deletion vector's
-    positions) are none of the table's: never a copy, and left out of the rewrite."""
+    of the inserts), in ``order_by``'s order; with ``mark``, no rewrite, the positions of those
+    copies instead. The rows at ``gone`` (its deletion vector's positions) are none of the
+    table's: never a copy, and left out of the rewrite."""
     stored = wanted.schema.remove(wanted.schema.get_field_index(COPIES))
     copies = wanted.column(COPIES).to_pylist()
     rows = storage.retrying(f"reading {path}", _read, fs, storage.join(root, unquote(path)))
     rows = _conform(rows, stored, path)
     positions = _copies(rows, wanted, prune_column)
     if gone:
-        deleted = set(gone)
-        positions = {r: kept for r, p in positions.items() if (kept := [i for i in p if i not in deleted])}
+        already = set(gone)
+        positions = {r: kept for r, p in positions.items() if (kept := [i for i in p if i not in already])}
     drop = {r: p[:limits.get(r, copies[r])] for r, p in positions.items()}
     drop = {r: p for r, p in drop.items() if p}
+    matched, deleted = {r: len(p) for r, p in positions.items()}, {r: len(p) for r, p in drop.items()}
+    if mark:
+        return _Outcome(None, bool(drop), matched, deleted,
+                        sorted(p for ps in drop.values() for p in ps))
     staged = None
     if drop:
         row = _written_without(target, name, rows, [p for ps in drop.values() for p in ps] + list(gone), given,
                                order_by)
         if row is not None:
             staged = StagedFile(*(row[c][0].as_py() for c in ("path", "size", "num_records", "stats")))
-    return _Outcome(staged, bool(drop), {r: len(p) for r, p in positions.items()},
-                    {r: len(p) for r, p in drop.items()})
+    return _Outcome(staged, bool(drop), matched, deleted)
 
 
 def _written_without(target: str, name: str, rows: pa.Table, positions: list[int], given: pa.Table | None = None,
