@@ -131,6 +131,8 @@ def test_times_going_backwards_stop_the_view(spark, tmp_path):
     ({"view_id": "v", "target": "t", "input": {"kind": "snapshot", "source": "s", "query": "nomodule:f"}},
      "cannot import module 'nomodule'"),
     ({"view_id": "a/b", "target": "t", "input": {"kind": "changes", "source": "s"}}, "view_id"),
+    ({"view_id": "v", "target": "t", "input": {"kind": "changes", "source": "s"}, "deletion_vectors": "maybe"},
+     r"deletion_vectors must be one of \['auto', 'on', 'off'\], not 'maybe'"),
 ])
 def test_bad_config_files_are_refused_with_the_reason(tmp_path, settings, message):
     with pytest.raises(ConfigError, match=message):

@@ -277,6 +277,10 @@ def test_a_layout_is_fixed_with_its_table(spark, tmp_path):
     assert kept.layout == "updates", "a view naming no layout keeps its table's"
     with pytest.raises(ConfigError, match="layout must be one of"):
         ViewDefinition("x", tgt, ChangesInput(src), layout="rows")
+    with pytest.raises(ConfigError, match=r"says deletion_vectors: on, but its target .* does not allow them: "
+                                          r"ALTER TABLE .* SET TBLPROPERTIES \(delta.enableDeletionVectors = true\)"):
+        MaterializedView(spark, ViewDefinition("old", tgt, ChangesInput(src), replica_id="r3", deletion_vectors="on"))
+    assert latest_version(tgt) == version, "nothing written"
 
 
 def test_a_view_column_named_like_mvsinks_own_is_refused_before_anything_is_written(spark, tmp_path):

@@ -27,7 +27,7 @@ from mvsink.view import ConfigError, normalize_path, yaml_mapping
 CONFIG_FILE = "pipeline.yaml"
 _SETTINGS = {"sources", "targets", "timeline", "defaults", "views"}
 #: What ``defaults`` and ``views.<name>`` may set; ``target`` only per view.
-VIEW_SETTINGS = {"retain_history", "layout", "as_of", "adopt"}
+VIEW_SETTINGS = {"retain_history", "layout", "as_of", "adopt", "deletion_vectors"}
 _DEFAULTS = VIEW_SETTINGS | {"trigger_seconds"}
 
 
