@@ -105,13 +105,29 @@ def test_a_view_keeps_a_target_with_deletion_vectors_exact(spark, tmp_path):
         "the upkeep's compaction rewrote files with deletion vectors"
 
 
-@pytest.mark.parametrize("path", ["driver", "tasks", "spark-join"])
+def test_a_prune_value_settles_a_retraction_only_where_it_is_unambiguous(tmp_path):
+    """The key alone finds a retraction's copies where exactly `k` live rows have its prune value;
+    two rows with one value, or a deleted one among them, are left to compare whole."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [1, 1, 2, 3, 4, 4], "v": ["a", "b", "c", "d", "e", "e"]}), tmp_path / "f.parquet")
+    files = [rewrite.TableFile("f.parquet", 1)]
+    retractions = pa.table({"id": [1, 2, 4, 5], "v": ["a", "c", "e", "z"], rewrite.COPIES: [1, 1, 2, 1]})
+    positions, unsettled = rewrite._settled_by_prune_value(str(tmp_path), files, retractions, "id")
+    assert positions == {"f.parquet": [2, 4, 5]} and unsettled == [0, 3], (positions, unsettled)
+
+
+@pytest.mark.parametrize("path", ["driver", "whole-rows-in-tasks", "spark-join"])
 def test_a_view_marks_its_retractions_in_deletion_vectors(spark, tmp_path, monkeypatch, path):
     """``deletion_vectors: on``: every step's retractions are marked in deletion vectors of the
-    files holding them (found on the driver, by Spark tasks, or by a Spark join), which keep every
-    row; a second replica reading each commit back finds nothing to correct."""
-    if path == "tasks":
+    files holding them (found by the key alone on the driver, by whole rows in Spark tasks, or by
+    a Spark join), which keep every row; a second replica reading each commit back finds nothing
+    to correct."""
+    if path == "whole-rows-in-tasks":
         monkeypatch.setattr(rewrite, "DRIVER_REWRITE_BYTES", 0)
+        monkeypatch.setattr(rewrite, "_settled_by_prune_value",
+                            lambda target, files, retractions, column: ({}, list(range(retractions.num_rows))))
     if path == "spark-join":
         monkeypatch.setattr(plain, "GATHERED_UPDATES", 0)
     monkeypatch.setattr(compaction, "DELETED_SHARE", 2.0)  # no file worn: each step's marks stay to be seen

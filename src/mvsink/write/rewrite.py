@@ -31,8 +31,11 @@ Where the target takes deletion vectors and the view marks its retractions in th
 but write no file: each file holding one keeps its rows and gets a deletion vector that also
 marks those positions deleted (:func:`mvsink.write.deletion_vectors.delete_rows`; the file's
 ``remove`` under its old vector and ``add`` under the new one, :attr:`Rewrites.marked`), and the
-inserted rows go to new files. A step then costs its changes, not the files they fall in; the
-files whose deleted share grows are rewritten by the compaction (:mod:`mvsink.append.compact`).
+inserted rows go to new files. A gathered batch first reads only the prune column of the
+candidate files: where one retraction (`k` copies) has a prune value and the files hold exactly
+`k` live rows with it (a keyed view's retractions, as a rule), those are its copies; only the rest
+are compared whole. A step then costs its changes and a read of one column, not the files they fall
+in; the files whose deleted share grows are rewritten by the compaction (:mod:`mvsink.append.compact`).
 
 Invariants: exactly `k` copies of each retracted row go, or :class:`RetractionNotFound` is raised
 and nothing is staged (the table does not hold what the buffer says it does: the read-back is
@@ -275,7 +278,29 @@ def rewrite_gathered(spark: SparkSession, retractions: pa.Table, inserts: pa.Tab
     if not candidates:
         raise RetractionNotFound(f"no file of the table can hold the {sum(copies)} row copies the batch "
                                  "retracts; the read-back is behind the table")
-    shares = [inserts.slice(0, 0)] * len(candidates) if mark else _shares(inserts, candidates, prune_column)
+    if mark:
+        return _mark_gathered(spark, retractions, candidates, len(table_files), target, prefix, prune_column), inserts
+    shares = _shares(inserts, candidates, prune_column)
+    outcomes, quotas = _search(spark, candidates, retractions, shares, target, prefix, prune_column, order_by, False)
+    touched = [f for f in candidates if outcomes[f.path].rewritten]
+    unplaced = [shares[i] for i, f in enumerate(candidates) if not outcomes[f.path].rewritten]
+    log.info("retracting %d copies (%d updates): %d of %d files read, %d rewritten, %d inserted rows "
+             "folded into them%s", sum(copies), retractions.num_rows, len(candidates), len(table_files),
+             len(touched), inserts.num_rows - sum(s.num_rows for s in unplaced),
+             f", {len(quotas)} rewritten again to keep k copies" if quotas else "")
+    staged = [outcomes[f.path].file for f in touched if outcomes[f.path].file]
+    rest = pa.concat_tables(unplaced) if unplaced else inserts.slice(0, 0)
+    removes = [(f.path, f.size) for f in touched]
+    return Rewrites(staged, removes, retractions.num_rows, sum(copies), _deletion_vectors(touched)), rest
+
+
+def _search(spark: SparkSession, candidates: list[TableFile], retractions: pa.Table, shares: list[pa.Table],
+            target: str, prefix: str, prune_column: str, order_by: str | None,
+            mark: bool) -> tuple[dict[str, _Outcome], dict[str, dict[int, int]]]:
+    """The retractions' copies found in ``candidates`` and the files holding them rewritten (or,
+    with ``mark``, their positions), `k` copies of each in all: each file's outcome, and the
+    quotas of the files done again where a row's copies spread over several."""
+    copies = retractions.column(COPIES).to_pylist()
     outcomes = _run_rewrites(spark, candidates, retractions, shares, {}, target, prefix, prune_column, order_by, mark)
     matched = [0] * len(copies)
     for outcome in outcomes.values():
@@ -294,22 +319,79 @@ def rewrite_gathered(spark: SparkSession, retractions: pa.Table, inserts: pa.Tab
         outcomes.update(_run_rewrites(spark, redone, retractions,
                                       [shares[candidates.index(f)] for f in redone], quotas, target,
                                       prefix + "-q", prune_column, order_by, mark))
-    touched = [f for f in candidates if outcomes[f.path].rewritten]
-    removes = [(f.path, f.size) for f in touched]
-    if mark:
-        marked = _marked(target, touched, {f.path: outcomes[f.path].dropped for f in touched})
-        log.info("retracting %d copies (%d updates): %d of %d files read, %d marked in deletion vectors%s",
-                 sum(copies), retractions.num_rows, len(candidates), len(table_files), len(touched),
-                 f", {len(quotas)} read again to keep k copies" if quotas else "")
-        return Rewrites([], removes, retractions.num_rows, sum(copies), _deletion_vectors(touched), marked), inserts
-    unplaced = [shares[i] for i, f in enumerate(candidates) if not outcomes[f.path].rewritten]
-    log.info("retracting %d copies (%d updates): %d of %d files read, %d rewritten, %d inserted rows "
-             "folded into them%s", sum(copies), retractions.num_rows, len(candidates), len(table_files),
-             len(touched), inserts.num_rows - sum(s.num_rows for s in unplaced),
-             f", {len(quotas)} rewritten again to keep k copies" if quotas else "")
-    staged = [outcomes[f.path].file for f in touched if outcomes[f.path].file]
-    rest = pa.concat_tables(unplaced) if unplaced else inserts.slice(0, 0)
-    return Rewrites(staged, removes, retractions.num_rows, sum(copies), _deletion_vectors(touched)), rest
+    return outcomes, quotas
+
+
+def _mark_gathered(spark: SparkSession, retractions: pa.Table, candidates: list[TableFile], table_files: int,
+                   target: str, prefix: str, prune_column: str) -> Rewrites:
+    """:func:`rewrite_gathered` with ``mark``: the positions of the retractions' copies, first by
+    their prune value alone (:func:`_settled_by_prune_value`), the rest by comparing whole rows
+    (:func:`_search`), marked deleted in deletion vectors."""
+    copies = retractions.column(COPIES).to_pylist()
+    positions, unsettled = _settled_by_prune_value(target, candidates, retractions, prune_column)
+    if unsettled:
+        rest = retractions.take(pa.array(unsettled, pa.int64()))
+        files = _prune_by_values(candidates, list(set(rest.column(prune_column).to_pylist())))
+        if not files:
+            raise RetractionNotFound(f"no file of the table can hold the {rest.num_rows} rows the batch "
+                                     "retracts; the read-back is behind the table")
+        none = rest.drop_columns([COPIES]).slice(0, 0)
+        outcomes, _ = _search(spark, files, rest, [none] * len(files), target, prefix, prune_column, None, True)
+        for path, outcome in outcomes.items():
+            if outcome.dropped:
+                positions.setdefault(path, []).extend(outcome.dropped)
+    touched = [f for f in candidates if positions.get(f.path)]
+    log.info("retracting %d copies (%d updates): %d of %d files read (the prune column), %d updates compared "
+             "whole, %d files marked in deletion vectors", sum(copies), retractions.num_rows, len(candidates),
+             table_files, len(unsettled), len(touched))
+    return Rewrites([], [(f.path, f.size) for f in touched], retractions.num_rows, sum(copies),
+                    _deletion_vectors(touched), _marked(target, touched, positions))
+
+
+def _settled_by_prune_value(target: str, files: list[TableFile], retractions: pa.Table,
+                            prune_column: str) -> tuple[dict[str, list[int]], list[int]]:
+    """The copies of the retractions that their prune value alone finds, by reading only that
+    column of ``files``: where one retraction (`k` copies) has a prune value and ``files`` hold
+    exactly `k` live rows with it, those rows are its copies. (A file's rows never change under
+    its logical name, and the buffer retracts `k` copies of a row only where the files the
+    read-back read, these, hold at least `k`.) Returns their positions by file path, and the
+    indexes of the retractions left to compare whole (every one where the column is a float: NaN)."""
+    values = retractions.column(prune_column)
+    if pa.types.is_floating(values.type) or pa.types.is_nested(values.type):
+        return {}, list(range(retractions.num_rows))
+    groups = pc.unique(values)
+    group_of = pc.index_in(values, value_set=groups, skip_nulls=False).to_numpy(zero_copy_only=False)
+    copies = np.asarray(retractions.column(COPIES).to_pylist(), dtype=np.int64)
+    wanted = np.bincount(group_of, weights=copies, minlength=len(groups))
+    alone = np.bincount(group_of, minlength=len(groups)) == 1
+    found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    held = np.zeros(len(groups))
+    fs, root = storage.filesystem(target)
+    for f in files:
+        keys = storage.retrying(f"reading {f.path}", _read_column, fs, storage.join(root, unquote(f.path)),
+                                prune_column)
+        try:
+            keys = keys.cast(values.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise RetractionNotFound(f"the table file {f.path} does not hold the view's column {prune_column} "
+                                     f"as stored ({values.type}): {exc}") from exc
+        group = pc.index_in(keys, value_set=groups, skip_nulls=False)
+        hit = pc.is_valid(group).to_numpy(zero_copy_only=False)
+        at, group = np.nonzero(hit)[0], group.filter(pa.array(hit)).to_numpy(zero_copy_only=False)
+        if f.deletion_vector:
+            live = ~np.isin(at, _deleted_already(target, f))
+            at, group = at[live], group[live]
+        found[f.path] = (group, at)
+        held += np.bincount(group, minlength=len(groups))
+    settled = alone & (held == wanted)
+    positions = {path: at[settled[group]].tolist() for path, (group, at) in found.items()}
+    return ({path: p for path, p in positions.items() if p},
+            [r for r in range(retractions.num_rows) if not settled[group_of[r]]])
+
+
+def _read_column(fs, path: str, column: str) -> pa.ChunkedArray:
+    with fs.open_input_file(path) as f:
+        return pq.read_table(f, columns=[column]).column(0)
 
 
 @dataclass
