@@ -47,6 +47,8 @@ def main() -> int:
     parser.add_argument("--source-deletion-vectors", action="store_true",
                         help="the source has deletion vectors on, so its own updates stay cheap at 10M rows "
                              "(the view is read from its change data feed either way)")
+    parser.add_argument("--deletion-vectors", choices=["auto", "on", "off"], default="auto",
+                        help="the table-layout view's deletion_vectors setting (auto: off on a new target)")
     parser.add_argument("--with-updates-layout", action="store_true",
                         help="also keep the view in the update layout and read it")
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
@@ -165,7 +167,7 @@ def build(args, spark, source: str, table_view: str, updates_view: str, plain: s
      .write.format("delta").option("delta.enableChangeDataFeed", "true")
      .option("delta.enableDeletionVectors", str(args.source_deletion_vectors).lower()).save(source))
     views = [MaterializedView(spark, ViewDefinition("bench", table_view, ChangesInput(source), key=("id",),
-                                                    replica_id="bench"))]
+                                                    replica_id="bench", deletion_vectors=args.deletion_vectors))]
     if args.with_updates_layout:
         views.append(MaterializedView(spark, ViewDefinition("bench", updates_view, ChangesInput(source), key=("id",),
                                                             replica_id="bench", layout="updates")))

@@ -9,7 +9,12 @@ keyed by ``id``.
   own commit back).
 * MERGE: what a user would write without mvsink: the version's change feed applied to a copy of
   the source by ``DeltaTable.merge`` on the key (delete / update / insert), the body of a
-  ``foreachBatch`` over the change feed. Per version, the time of that function.
+  ``foreachBatch`` over the change feed. Per version, the time of that function. Twice: into a
+  copy without deletion vectors (MERGE rewrites the files it touches) and into one with them
+  (``delta.enableDeletionVectors``: MERGE marks the old rows deleted), as a user may have either.
+
+The view's ``--deletion-vectors`` is its setting of that name: ``on`` marks its retractions in
+deletion vectors, ``off`` rewrites the files holding them (``auto`` on a new target: ``off``).
 
 Both run in one Spark session, one after the other for each version, on the same source commit;
 stream trigger overheads are left out for both. At the end both targets are compared row for row
@@ -99,6 +104,8 @@ def main() -> int:
     parser.add_argument("--change-fraction", type=float, default=0.01)
     parser.add_argument("--layout", choices=["table", "updates"], default="table",
                         help="the view's target layout (default: table)")
+    parser.add_argument("--deletion-vectors", choices=["auto", "on", "off"], default="auto",
+                        help="the view's deletion_vectors setting (default: auto, which is off on a new target)")
     parser.add_argument("--workdir", default=None, help=WORKDIR_HELP)
     args = parser.parse_args()
     with work_directory(args.workdir, "sink") as workdir:
@@ -106,7 +113,8 @@ def main() -> int:
 
 
 def run(args, workdir: str) -> int:
-    source, view_target, merge_target = (os.path.join(workdir, n) for n in ("source", "view", "merge"))
+    source, view_target = os.path.join(workdir, "source"), os.path.join(workdir, "view")
+    merge_targets = {"MERGE": os.path.join(workdir, "merge"), "MERGE+DV": os.path.join(workdir, "merge-dv")}
 
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
@@ -128,32 +136,37 @@ def run(args, workdir: str) -> int:
     def first_version(path):
         return spark.read.format("delta").option("versionAsOf", 0).load(path)
 
-    def copy(path, target):
-        first_version(path).write.format("delta").save(target)
+    def copy(path, target, deletion_vectors=False):
+        (first_version(path).write.format("delta")
+         .option("delta.enableDeletionVectors", str(deletion_vectors).lower()).save(target))
 
     build(source, args.rows)
     # Both initial loads once on a small table first, so that neither pays for warming the JVM up.
     warm = os.path.join(workdir, "warm-up")
     build(warm, max(1, args.rows // 20))
     MaterializedView(spark, ViewDefinition("warm", warm + "-view", ChangesInput(warm), key=("id",),
-                                           replica_id="bench", layout=args.layout)).run_until_caught_up()
+                                           replica_id="bench", layout=args.layout,
+                                           deletion_vectors=args.deletion_vectors)).run_until_caught_up()
     copy(warm, warm + "-copy")
     # And the source read once, so that its log replay and the page cache serve both alike.
     first_version(source).write.format("noop").mode("overwrite").save()
 
     view = MaterializedView(spark, ViewDefinition("bench", view_target, ChangesInput(source), key=("id",),
-                                                  replica_id="bench", layout=args.layout))
+                                                  replica_id="bench", layout=args.layout,
+                                                  deletion_vectors=args.deletion_vectors))
     started = time.monotonic()
     view.run_until_caught_up()
     mvsink_hydration = time.monotonic() - started
     hydration_heap = live_heap_mib(spark)
-    started = time.monotonic()
-    copy(source, merge_target)
-    merge_hydration = time.monotonic() - started
-    merge_table = DeltaTable.forPath(spark, merge_target)
+    merge_hydration = {}
+    for name, target in merge_targets.items():
+        started = time.monotonic()
+        copy(source, target, deletion_vectors=name == "MERGE+DV")
+        merge_hydration[name] = time.monotonic() - started
+    merge_tables = {name: DeltaTable.forPath(spark, target) for name, target in merge_targets.items()}
     columns = ["id", "customer", "amount", "note"]
 
-    def merge_batch(changes, _batch_id):
+    def merge_batch(merge_table, changes):
         """The foreachBatch body a user would write: apply the change feed with MERGE."""
         latest = changes.where(F.col("_change_type") != "update_preimage")
         (merge_table.alias("t").merge(latest.alias("s"), "t.id = s.id")
@@ -162,7 +175,8 @@ def run(args, workdir: str) -> int:
          .whenNotMatchedInsert(condition="s._change_type != 'delete'", values={c: f"s.{c}" for c in columns})
          .execute())
 
-    mvsink_times, merge_times, updates, changed = [], [], [], []
+    mvsink_times, updates, changed = [], [], []
+    merge_times: dict[str, list[float]] = {name: [] for name in merge_targets}
     phases_before, jobs_before = dict(view.metrics.phase_seconds), dict(view.metrics.phase_spark_jobs)
     for i in range(1, args.versions + 1):
         spark.sql(f"UPDATE delta.`{source}` SET amount = amount + {i} "
@@ -174,22 +188,25 @@ def run(args, workdir: str) -> int:
         mvsink_times.append(time.monotonic() - started)
         phases = ", ".join(f"{p} {s - phases_then.get(p, 0.0):.2f}s" for p, s in view.metrics.phase_seconds.items())
         assert report.upper == version + 1
-        started = time.monotonic()
         feed = (spark.read.format("delta").option("readChangeFeed", "true")
                 .option("startingVersion", version).option("endingVersion", version).load(source))
-        merge_batch(feed, version)
-        merge_times.append(time.monotonic() - started)
+        for name, merge_table in merge_tables.items():
+            started = time.monotonic()
+            merge_batch(merge_table, feed)
+            merge_times[name].append(time.monotonic() - started)
         changed.append(feed.where(F.col("_change_type") == "update_postimage").count())
         written = 2 * changed[-1]  # each changed row: its old row out, its new row in
         updates.append(written)
         print(f"version {version:3d}: {changed[-1]:,} rows changed, mvsink {mvsink_times[-1]:.2f}s "
-              f"({written:,} updates; {phases}), MERGE {merge_times[-1]:.2f}s", flush=True)
+              f"({written:,} updates; {phases}), " + ", ".join(f"{name} {times[-1]:.2f}s" for name, times
+                                                               in merge_times.items()), flush=True)
 
     steps_heap = live_heap_mib(spark)
     from mvsink.target.read import read_view
 
-    same = fingerprint(read_view(spark, view_target, "bench"), columns) == fingerprint(
-        spark.read.format("delta").load(merge_target), columns)
+    mine = fingerprint(read_view(spark, view_target, "bench"), columns)
+    same = all(mine == fingerprint(spark.read.format("delta").load(target), columns)
+               for target in merge_targets.values())
 
     def line(name, times, rows):
         return (f"{name:7} p50 {percentile(times, 0.5):6.2f}s  p95 {percentile(times, 0.95):6.2f}s  "
@@ -197,16 +214,21 @@ def run(args, workdir: str) -> int:
 
     print("\n=== mvsink vs foreachBatch + MERGE ===")
     print(f"machine: {machine()}")
-    print(f"workload: {args.rows:,}-row view ({args.layout} layout), {args.versions} source versions, each updating "
-          f"{args.change_fraction:.2%} of the rows (about {statistics.mean(changed):,.0f})")
-    print(f"initial load: mvsink {mvsink_hydration:.1f}s, MERGE target copy {merge_hydration:.1f}s")
+    print(f"workload: {args.rows:,}-row view ({args.layout} layout, deletion_vectors: {args.deletion_vectors}), "
+          f"{args.versions} source versions, each updating {args.change_fraction:.2%} of the rows "
+          f"(about {statistics.mean(changed):,.0f})")
+    print(f"initial load: mvsink {mvsink_hydration:.1f}s, " + ", ".join(
+        f"{name} target copy {seconds:.1f}s" for name, seconds in merge_hydration.items()))
     print("mvsink initial load, by phase: " + ", ".join(
         f"{p} {s:.2f}s ({jobs_before.get(p, 0)} jobs)" for p, s in phases_before.items()))
     print(line("mvsink", mvsink_times, changed)
           + f"  {sum(updates) / sum(mvsink_times):9,.0f} updates committed/s")
-    print(line("MERGE", merge_times, changed))
-    print(f"ratio (MERGE / mvsink): p50 {percentile(merge_times, 0.5) / percentile(mvsink_times, 0.5):.2f}x, "
-          f"p95 {percentile(merge_times, 0.95) / percentile(mvsink_times, 0.95):.2f}x")
+    for name, times in merge_times.items():
+        print(line(name, times, changed))
+        print(f"ratio ({name} / mvsink): p50 {percentile(times, 0.5) / percentile(mvsink_times, 0.5):.2f}x, "
+              f"p95 {percentile(times, 0.95) / percentile(mvsink_times, 0.95):.2f}x")
+    print(f"the view's table: {len(spark.read.format('delta').load(view_target).inputFiles())} data files "
+          "after the versions")
     spent = {p: s - phases_before.get(p, 0.0) for p, s in view.metrics.phase_seconds.items()}
     print("mvsink per version, by phase (mean over all steps): " + ", ".join(
         f"{p} {s / args.versions:.2f}s" for p, s in spent.items()))
