@@ -246,6 +246,18 @@ class Shard:
         if not log_entry.commit_entry(self.target, version, actions, info):
             raise CommitFailedError(f"version {version} of {self.target} was committed by another writer")
 
+    def holds(self, table: DeltaTable, files: list[tuple[str, int]], deletion_vectors: dict[str, dict]) -> bool:
+        """Whether ``table``'s snapshot holds every one of ``files``; where the target may have
+        deletion vectors, each as the same logical file: with the vector it had
+        (``deletion_vectors``), or still none (a vector added since is a change the batch did not see)."""
+        if not self.deletion_vectors:
+            present = set(table.get_add_actions(flatten=True).column("path").to_pylist())
+            return all(path in present for path, _ in files)
+        live = storage.retrying(f"listing the files of {self.target}", delta_table.live_files, self.target,
+                                table.version())
+        return all(path in live and live[path].get("deletionVector") == deletion_vectors.get(path)
+                   for path, _ in files)
+
     def raise_fence(self, table: DeltaTable, upper: int) -> str:
         """One commit based on ``table``'s snapshot that sets the fence to this shard's definition,
         keeping the txn at ``upper`` (the snapshot's): a metadata change, so every concurrent
@@ -306,8 +318,7 @@ def compare_and_append(shard: Shard, desc: Description, batch: StagedBatch | Non
                 continue
             if current > desc.lower:
                 break
-            if removes and not holds(table, removes, removed_deletion_vectors if shard.deletion_vectors else None,
-                                     shard.target):
+            if removes and not shard.holds(table, removes, removed_deletion_vectors):
                 log.info("%s is stale: files it rewrites were removed meanwhile", desc)
                 batch.delete()
                 return AppendResult(False, current, stale=True)
@@ -367,18 +378,6 @@ def _any_landed(shard: Shard, based_on: int | None, attempt_ids: set[str]) -> bo
     if based_on is None:
         return False
     return shard.landed(shard.table(delta_table.latest_version(shard.target)), based_on, attempt_ids) is not None
-
-
-def holds(table: DeltaTable, files: list[tuple[str, int]], deletion_vectors: dict[str, dict] | None = None,
-          uri: str = "") -> bool:
-    """Whether ``table``'s snapshot holds every one of ``files``; with ``deletion_vectors`` (the
-    DV each had where it had one; the table at ``uri`` may have DVs) each as the same logical
-    file: with the same DV, or still none (a DV added since is a change the batch did not see)."""
-    if deletion_vectors is None:
-        present = set(table.get_add_actions(flatten=True).column("path").to_pylist())
-        return all(path in present for path, _ in files)
-    live = storage.retrying(f"listing the files of {uri}", delta_table.live_files, uri, table.version())
-    return all(path in live and live[path].get("deletionVector") == deletion_vectors.get(path) for path, _ in files)
 
 
 def _span(desc: Description) -> str:

@@ -56,7 +56,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from mvsink import storage
-from mvsink.append import Shard, holds
+from mvsink.append import Shard
 
 from mvsink.target.commit_info import META_READBACK, REASON_COMPACTION
 from mvsink.target.layout import META_ERRORS
@@ -227,8 +227,7 @@ def _deletion_vectors(shard: Shard, table: DeltaTable, files: list[tuple[str, in
 def _still_present(shard: Shard, files: list[tuple[str, int]], deletion_vectors: dict[str, dict]) -> bool:
     """Whether the latest snapshot still holds all of ``files``, each with the deletion vector it
     had (``deletion_vectors``) where the shard allows them."""
-    return not files or holds(shard.table(), files, deletion_vectors if shard.deletion_vectors else None,
-                              shard.target)
+    return not files or shard.holds(shard.table(), files, deletion_vectors)
 
 
 def _discard(shard: Shard, batch: StagedBatch | None, why: str) -> None:
