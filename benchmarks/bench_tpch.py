@@ -41,6 +41,9 @@ range of keys). The views, each keyed by the group-by columns that identify its 
   expression of two sums, no ``GROUP BY``: one row, no key);
 * ``lines``: per order, its lines' highest price, first ship date and distinct suppliers (min, max,
   ``count(DISTINCT ...)`` over lineitem; key ``l_orderkey``): recomputed per group;
+* ``latest``: each order's last shipped line (``row_number() OVER (PARTITION BY l_orderkey ORDER
+  BY l_shipdate DESC, l_linenumber) = 1``, the dedup of a Delta pipeline; key ``l_orderkey``): a
+  window by key, recomputed for the changed orders by the operators;
 * ``custorders``: a view over an aggregate view, every customer with its orders' count, last date
   and largest total (customer left joined with an aggregate of orders by customer; key
   ``c_custkey``): a key join, recomputed per key.
@@ -69,7 +72,7 @@ tables keyed by identifiers rather than numbers are: the joins and the view's ke
 With ``--spark-work``, each mvsink round's Spark work is printed at the end, read from Spark's event
 log (:mod:`spark_work`: its jobs, the time none ran, its SQL executions by kind).
 
-Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3left|q3seg|q1|q5|q6|q7|q8|q9|q10|q13|q13dist|q14|lines|custorders]
+Run: ``python benchmarks/bench_tpch.py [--query q3|q3having|q3max|q3left|q3seg|q1|q5|q6|q7|q8|q9|q10|q13|q13dist|q14|lines|latest|custorders]
 [--scale 1] [--rounds 5] [--changed-orders N] [--moved-customers 0.001] [--string-keys] [--spark-work]`` (``pip install -e '.[bench]'`` for ``tpchgen-cli``).
 """
 
@@ -145,6 +148,12 @@ FROM customer LEFT JOIN (SELECT o_custkey, count(*) AS orders, max(o_orderdate) 
                                 max(o_totalprice) AS largest FROM orders GROUP BY o_custkey) o
   ON c_custkey = o.o_custkey
 """, ("c_custkey",), ("customer", "orders")),
+    "latest": ("""
+SELECT l_orderkey, l_linenumber, l_shipdate, l_extendedprice FROM (
+  SELECT *, row_number() OVER (PARTITION BY l_orderkey ORDER BY l_shipdate DESC, l_linenumber) AS rn
+  FROM lineitem)
+WHERE rn = 1
+""", ("l_orderkey",), ("lineitem",)),
 }
 #: TPC-H Q6: one sum over lineitem, no GROUP BY (one row; no key).
 QUERIES["q6"] = ("""

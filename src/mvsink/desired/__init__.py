@@ -18,7 +18,9 @@ updates at the same times. A view's input is one of:
   changes, with the rest of the join's rows held by its key, :mod:`~mvsink.desired.arrow_dimension`), each source's changes
   joined with the other sources (:mod:`~mvsink.desired.join`; for a ``UNION ALL``, those of its
   branches; the other sides read from the files :mod:`~mvsink.desired.listed_files` lists where
-  it can), or the difference of its full evaluations at consecutive times.
+  it can); where no shape applies, by the delta rules of its plan's operators, composed
+  (:mod:`~mvsink.desired.operators`: a window's dedup, joins and aggregates nested in any order);
+  or the difference of its full evaluations at consecutive times.
 
 A source's changes come from the files its commits name in the log: their change data files, else
 the data files they added and removed (:mod:`~mvsink.desired.log_changes`), feed or no feed; from

@@ -52,6 +52,12 @@ input is small, holds that input here and recomputes its changed groups from it
 (:mod:`mvsink.desired.arrow_recompute`) where the step's terms are computed here too; over a join
 with a dimension, while the dimension changes, it holds the rest of the join's rows by the
 dimension's key beside it (:mod:`mvsink.desired.arrow_dimension`).
+
+A query no shape takes is maintained by its plan's operators (:mod:`mvsink.desired.operators`:
+each node's delta rule, composed: a ``row_number() ... = 1`` dedup, an aggregate over an anti
+join over an aggregate) wherever every node has one and its top is not recomputed whole; only
+the rest is evaluated in full. (``shapes = False`` gives every query to the operators: the tests
+compare the two.)
 """
 
 from __future__ import annotations
@@ -93,6 +99,8 @@ from mvsink.desired.per_group import PerGroup, holding_rows_of, in_groups, per_g
 from mvsink.desired.refresh import AutoRefresh, Fallback, unmaintained_operator
 from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_through
 from mvsink.desired.occurrences import Reads, split_reads
+from mvsink.desired.operators import NotMaintained, Operator, operators, time_changes
+from mvsink.desired.operators.catalyst import Catalyst
 from mvsink.desired.sources import Desired
 from mvsink.table import spark_uri
 from mvsink.timeline import Timeline
@@ -142,6 +150,10 @@ class SourceFeeds:
 
 
 class SnapshotDesired(Desired):
+    #: Whether the shapes' strategies are taken where they apply, the operators elsewhere (False:
+    #: the operators wherever they maintain the query; the tests run both over the same queries).
+    shapes = True
+
     def __init__(self, spark: SparkSession, view: ViewDefinition, timeline: Timeline):
         assert isinstance(view.input, SnapshotInput)
         self.input: SnapshotInput = view.input
@@ -194,7 +206,7 @@ class SnapshotDesired(Desired):
         self._reads = Reads(view.input.sql or "")
         super().__init__(spark, view, timeline)  # sets both from the query's plan (_user_schema)
         held = (self._held_rows() if len(self.read) == 1 or self.join or self.aggregate is not None
-                or self.per_group is not None else None)
+                or self.per_group is not None or self.read and self.input.refresh != "full" else None)
         over_held = query_over_held = self._query(held) if held is not None else None
         read_held = {name: held[name] for name in self.read} if held is not None else {}
         self._unread_rows = {name: rows for name, rows in (held or {}).items() if name not in self.read}
@@ -249,6 +261,19 @@ class SnapshotDesired(Desired):
             self._shape_refused = _read_whole_at_every_read(self._reads, self.per_group.whole)
             if self._shape_refused is not None:
                 self.aggregate = self.per_group = None
+        #: Where no shape applies: the query's plan as operators that compose (:mod:`mvsink.desired.operators`),
+        #: else what it has that none maintains (None: a shape applies, or refresh full).
+        self._operators: Operator | None = None
+        self._operators_refused: str | None = None
+        if not self.shapes:  # the operators alone
+            self.row_wise, self.aggregate, self.join, self.per_group, self.below, self.padded = (
+                False, None, False, None, None, None)
+        if not self._maintained and self._shape_refused is None and held is not None:
+            try:
+                self._operators = operators(query_over_held, read_held)
+            except NotMaintained as exc:
+                self._operators_refused = str(exc)
+        self._catalyst: Catalyst | None = None
         self._apply_refresh_policy()
         weighed = self.input.refresh == "auto" and self._maintained and not self.row_wise
         #: Under ``auto``, whether a step of a maintained query evaluates it in full instead (None: no choice).
@@ -430,6 +455,9 @@ class SnapshotDesired(Desired):
         elif self.join:
             described = ("its query is an inner join: its changes are each source's changes joined with the "
                          "other sources")
+        elif self._operators is not None:
+            return ("its query is maintained by the delta rules of its plan's operators, composed: "
+                    f"{self._operators.describe()}")
         else:
             return f"its query is evaluated in full at each time ({self._why_full()})"
         pairs = sorted({" = ".join(sorted((f"{name}.{a}", f"{other}.{b}"))) for name, others in self._join_keys.items()
@@ -478,6 +506,8 @@ class SnapshotDesired(Desired):
             return Fallback("policy", "refresh full")
         if self._shape_refused is not None:
             return Fallback("query", self._shape_refused)
+        if self._operators_refused is not None:
+            return Fallback("query", f"it has {self._operators_refused}")
         return Fallback("query", f"it has {unmaintained_operator(self._contents(self.schema_versions()))}")
 
     def _apply_refresh_policy(self) -> None:
@@ -485,7 +515,7 @@ class SnapshotDesired(Desired):
         is refused, naming what stops it (:mod:`mvsink.desired.refresh`)."""
         if self.input.refresh == "full":
             self.row_wise, self.aggregate, self.join, self.per_group, self.below = False, None, False, None, None
-            self.padded = None
+            self.padded = self._operators = None
         elif self.input.refresh == "incremental" and not self._maintained:
             raise ConfigError(f"view {self.view.view_id!r} has refresh incremental, but its query cannot be "
                               f"maintained from its sources' changes: {self._why_full()}; evaluate it in full "
@@ -494,7 +524,8 @@ class SnapshotDesired(Desired):
     @property
     def _maintained(self) -> bool:
         """Whether some strategy computes the changes from the sources' changes."""
-        return self.row_wise or self.join or self.aggregate is not None or self.per_group is not None
+        return (self.row_wise or self.join or self.aggregate is not None or self.per_group is not None
+                or self._operators is not None)
 
     def session(self) -> SparkSession:
         """The session the query runs in: for SQL, one of the view's own (its sources' names), with
@@ -636,7 +667,7 @@ class SnapshotDesired(Desired):
             contents = self._state_result()
         elif self._recompute is not None and self._hold_inputs(time):
             contents = self._recomputed_result()
-        elif self.row_wise or self.join or self.per_group is not None:
+        elif self.row_wise or self.join or self.per_group is not None or self._operators is not None:
             contents = self._result_at(time)
         else:  # kept: the next changes are the difference to it
             self._remember(time, self._result_at(time))
@@ -709,6 +740,7 @@ class SnapshotDesired(Desired):
                                else (self._aggregate_strategy, self._aggregate_changes) if self.aggregate is not None
                                else ("union all" if self._no_rows else "inner join", self._join_changes) if self.join
                                else (self.per_group.strategy, self._per_group_changes) if self.per_group is not None
+                               else ("operators", self._operator_changes) if self._operators is not None
                                else (None, None))
         size = self._change_size(times) if from_feed is not None else None
         share = size.share if size is not None else None
@@ -819,6 +851,22 @@ class SnapshotDesired(Desired):
         changes = held_changes(updates, times[0], self.view.key, reads=in_process is None, few=few)
         return replace(changes, reads=self._named(changes.reads + tuple(listed)),
                        in_process="terms" if in_process is not None else "")
+
+    def _operator_changes(self, times: list[int]) -> Changes:
+        """Per time, the operators' rows added and removed (:mod:`mvsink.desired.operators`), from
+        the changes of the sources that move, held once for the step; consolidated."""
+        before, after = self.versions(times[0] - 1), self.versions(times[-1])
+        self._pinned_reads = {key: rows for key, rows in self._pinned_reads.items() if key[1] >= before[key[0]]}
+        feeds = {name: self._feed(times, name)[0].localCheckpoint(eager=True)
+                 for name in self._operators.sources if after[name] != before[name]}
+        if self._catalyst is None:
+            self._catalyst = Catalyst(self.session())
+        found = time_changes(self._operators, self._catalyst, times, self.versions, self._pinned, feeds)
+        parts = [self._as_updates(rows, time, diff) for time, plus, minus in found
+                 for rows, diff in ((plus, 1), (minus, -1))]
+        updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()
+        changes = held_changes(updates, times[0], self.view.key, reads=True)
+        return replace(changes, reads=self._named(changes.reads))
 
     def _no_updates(self) -> DataFrame:
         """No updates, in the table schema."""

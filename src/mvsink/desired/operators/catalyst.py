@@ -1,0 +1,115 @@
+"""Catalyst plans built from Python: the few node and expression constructors the operators use.
+
+The operators work on Spark's optimized logical plan of the query over held rows (one
+``LogicalRDD`` leaf per source, :data:`~mvsink.desired.row_wise.HELD_ROWS`). A node is evaluated
+over other inputs by giving it other children (``withNewChildren``): its expressions read its
+children's attributes by id, so every plan put under a node must output the attributes of the
+child it replaces, with their ids. A source's rows get them by :func:`aliased`; every other plan
+here is built from the node's own children and keeps them.
+
+Invariant: nothing here runs a Spark job; :func:`frame` makes a DataFrame (lazy) of a plan.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, SparkSession
+
+from mvsink.desired.row_wise import scala_items as items
+
+
+class Catalyst:
+    """Constructors of Catalyst's plans and expressions in one session's JVM."""
+
+    def __init__(self, session: SparkSession):
+        self.session = session
+        jvm = session.sparkContext._jvm
+        self._jvm = jvm
+        self.expressions = jvm.org.apache.spark.sql.catalyst.expressions
+        self.logical = jvm.org.apache.spark.sql.catalyst.plans.logical
+        self._none = getattr(getattr(jvm.scala, "None$"), "MODULE$")
+        self._types = jvm.org.apache.spark.sql.types
+        self._join_types = jvm.org.apache.spark.sql.catalyst.plans
+        self._nil = self.seq([])
+        self._literals = getattr(getattr(self.expressions, "Literal$"), "MODULE$")
+        self._string = getattr(getattr(self._types, "StringType$"), "MODULE$")
+
+    def seq(self, items: list):
+        """A Scala ``Seq`` of JVM objects."""
+        java = self._jvm.java.util.ArrayList()
+        for item in items:
+            java.add(item)
+        return self._jvm.scala.jdk.javaapi.CollectionConverters.asScala(java).toSeq()
+
+    def frame(self, plan) -> DataFrame:
+        """A DataFrame of ``plan`` (analyzed again, and optimized, when it runs)."""
+        jdf = self._jvm.org.apache.spark.sql.classic.Dataset.ofRows(self.session._jsparkSession, plan)
+        return DataFrame(jdf, self.session)
+
+    def analyzed(self, rows: DataFrame):
+        """``rows``' analyzed logical plan."""
+        return rows._jdf.queryExecution().analyzed()
+
+    def alias(self, expression, name: str, like=None):
+        """``expression AS name``, with the id of the attribute ``like`` (a new id if None)."""
+        expr_id = like.exprId() if like is not None else self.expressions.NamedExpression.newExprId()
+        return self.expressions.Alias(expression, name, expr_id, self._nil, self._none, self._nil)
+
+    def project(self, expressions: list, child):
+        return self.logical.Project(self.seq(expressions), child)
+
+    def aliased(self, rows, leaf):
+        """The plan ``rows`` (a source's rows, columns named as ``leaf``'s) outputting ``leaf``'s
+        attributes, by name, with their ids."""
+        by_name = {a.name(): a for a in items(rows.output())}
+        return self.project([self.alias(by_name[a.name()], a.name(), a) for a in items(leaf.output())], rows)
+
+    def empty(self, like):
+        """No rows, with the attributes of the plan ``like``."""
+        return self.logical.LocalRelation(like.output(), self._nil, False, self._none)
+
+    def union(self, plans: list):
+        """``UNION ALL`` of ``plans`` (of the same attributes: the first's are the result's)."""
+        return plans[0] if len(plans) == 1 else self.logical.Union(self.seq(plans), False, False)
+
+    def distinct(self, child):
+        return self.logical.Distinct(child)
+
+    def semi_join(self, left, right, condition):
+        """``left``'s rows that some row of ``right`` meets by ``condition``."""
+        semi = getattr(getattr(self._join_types, "LeftSemi$"), "MODULE$")
+        hint = getattr(getattr(self.logical, "JoinHint$"), "MODULE$").NONE()
+        return self.logical.Join(left, right, semi, self._jvm.scala.Some(condition), hint)
+
+    def null_safe_equal(self, left, right):
+        return self.expressions.EqualNullSafe(left, right)
+
+    def all_of(self, conditions: list):
+        condition = conditions[0]
+        for other in conditions[1:]:
+            condition = self.expressions.And(condition, other)
+        return condition
+
+    def filter(self, condition, child):
+        return self.logical.Filter(condition, child)
+
+    def nothing(self, child):
+        """No row of ``child`` (its attributes)."""
+        return self.logical.Filter(self._literals.FalseLiteral(), child)
+
+    def value_in(self, expression, values: list, nulls: bool):
+        """``expression IN (values)`` (Python values, each given as text cast to the expression's
+        type), ``OR expression IS NULL`` if ``nulls``."""
+        data_type = expression.dataType()
+        literals = [self._cast(self._literals.create(str(v), self._string), data_type) for v in values]
+        condition = self.expressions.In(expression, self.seq(literals)) if literals else None
+        if nulls:
+            is_null = self.expressions.IsNull(expression)
+            condition = is_null if condition is None else self.expressions.Or(condition, is_null)
+        return condition
+
+    def _cast(self, expression, data_type):
+        if data_type.typeName() == "string":
+            return expression
+        mode = getattr(getattr(self.expressions, "EvalMode$"), "MODULE$").LEGACY()
+        return self.expressions.Cast(expression, data_type, self._jvm.scala.Some("UTC"), mode)
+

@@ -1,0 +1,106 @@
+"""The planner: a query's optimized plan as a tree of operators, each node's delta rule chosen by
+what the node is, or the node that none maintains.
+
+The plan is Spark's, optimized for the query over held rows (one ``LogicalRDD`` per source, named
+by :func:`~mvsink.desired.join.held_names`). Each node gets the rule of its kind:
+
+=======================================================  =========================================
+node                                                     rule
+=======================================================  =========================================
+a source's held rows; ``VALUES``, ``range``              :mod:`.source`
+``Project``, ``Filter``, ``Expand``, ``Generate``,       :mod:`.row_wise`
+``Sort``, repartitions
+``Union`` (``UNION ALL``)                                :mod:`.union`
+inner and cross ``Join``                                 :mod:`.inner_join`
+``Aggregate`` with ``GROUP BY``; outer, semi and anti    :mod:`.by_key`
+``Join`` with an equality; ``Window``,
+``WindowGroupLimit`` partitioned; ``Deduplicate``
+the same without a key (a null-aware ``NOT IN``,         :mod:`.whole`
+``EXISTS`` under ``OR``, an aggregate of everything)
+=======================================================  =========================================
+
+Refused (:class:`NotMaintained`, naming what): a non-deterministic expression, a subquery in an
+expression, a limit or sample, any other node, rows not of a source, and a plan whose top is
+recomputed whole (under row-wise nodes at most: evaluating the query in full costs less).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+
+from mvsink.desired.join import held_names
+from mvsink.desired.operators.base import Operator
+from mvsink.desired.operators.by_key import ByKey
+from mvsink.desired.operators.inner_join import InnerJoin
+from mvsink.desired.operators.keys import equi_keys
+from mvsink.desired.operators.row_wise import RowWise
+from mvsink.desired.operators.source import Constant, Source
+from mvsink.desired.operators.union import UnionAll
+from mvsink.desired.operators.whole import Whole
+from mvsink.desired.row_wise import HELD_ROWS, plan_reads_subqueries, scala_items
+
+ROW_WISE = frozenset({"Project", "Filter", "Expand", "Generate", "Sort", "RepartitionByExpression",
+                      "Repartition", "RebalancePartitions"})
+CONSTANT = frozenset({"LocalRelation", "OneRowRelation", "Range"})
+KEYED_JOINS = frozenset({"LeftOuter", "RightOuter", "FullOuter", "LeftSemi", "LeftAnti"})
+#: Nodes of one input recomputed by key, and their key expressions.
+KEYED = {"Aggregate": lambda node: node.groupingExpressions(), "Window": lambda node: node.partitionSpec(),
+         "WindowGroupLimit": lambda node: node.partitionSpec(), "Deduplicate": lambda node: node.keys()}
+LIMITS = frozenset({"GlobalLimit", "LocalLimit", "Tail", "Offset", "Sample"})
+
+
+class NotMaintained(Exception):
+    """The plan has a part no operator maintains (the message says which)."""
+
+
+def operators(query_over_held: DataFrame, held: dict[str, DataFrame]) -> Operator:
+    """The operator tree of the query's plan over ``held`` rows (by source name); raises
+    :class:`NotMaintained`."""
+    plan = query_over_held._jdf.queryExecution().optimizedPlan()
+    if not plan.deterministic():
+        raise NotMaintained("a non-deterministic expression")
+    if plan_reads_subqueries(query_over_held, plan):
+        raise NotMaintained("a subquery in an expression")
+    root = _operator(plan, held_names(held))
+    top = root
+    while isinstance(top, RowWise):
+        (top,) = top.children
+    if isinstance(top, Whole):
+        raise NotMaintained(f"{top.why} at its top, which would be recomputed whole")
+    return root
+
+
+def _operator(node, names: dict[int, str]) -> Operator:
+    """The operator of ``node`` over its children's (a node's refusal named before its children's)."""
+    name = node.nodeName()
+    if name in LIMITS:
+        raise NotMaintained(f"{_a(name)} (its rows depend on the order of all rows)")
+    if name not in ROW_WISE | CONSTANT | KEYED.keys() | {HELD_ROWS, "Union", "Join"}:
+        raise NotMaintained(_a(name))
+    children = [_operator(child, names) for child in scala_items(node.children())]
+    if name == HELD_ROWS:
+        source = names.get(node.rdd().id())
+        if source is None:
+            raise NotMaintained("rows that are not a source's")
+        return Source(node, source)
+    if name in CONSTANT:
+        return Constant(node, children)
+    if name in ROW_WISE:
+        return RowWise(node, children)
+    if name == "Union":
+        return UnionAll(node, children)
+    if name == "Join":
+        join_type = node.joinType().toString()
+        if join_type in ("Inner", "Cross"):
+            return InnerJoin(node, children)
+        left, right = equi_keys(node)
+        if left and join_type in KEYED_JOINS:
+            return ByKey(node, children, [left, right])
+        return Whole(node, children, f"{_a(join_type)} Join with no key (no equality of its sides)")
+    exprs = scala_items(KEYED[name](node))
+    return ByKey(node, children, [exprs]) if exprs else Whole(node, children, f"{_a(name)} with no key (of everything)")
+
+
+def _a(name: str) -> str:
+    """``name`` after its article: ``an Aggregate``, ``a LeftOuter``."""
+    return f"{'an' if name[0] in 'AEIOU' else 'a'} {name}"
