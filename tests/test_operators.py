@@ -53,7 +53,7 @@ def _view(spark, base, sources, name: str, sql: str, refresh: str = "incremental
      "Aggregate (by key)(Project(Filter(Join (by key)(customer, Project(Filter(orders))))))"),
     ("SELECT o_custkey, o_orderkey FROM (SELECT *, row_number() OVER (PARTITION BY o_custkey "
      "ORDER BY o_orderkey DESC) AS rn FROM orders) WHERE rn = 1",
-     "Project(Filter(Window (by key)(WindowGroupLimit (by key)(Project(orders)))))"),
+     "Project(Filter(Window (by key)(WindowGroupLimit(Project(orders)))))"),
     ("SELECT c_nationkey, count(*) AS n FROM customer WHERE c_custkey NOT IN (SELECT o_custkey FROM orders) "
      "GROUP BY c_nationkey",
      "Aggregate (by key)(Project(Join (recomputed whole)(customer, Project(orders))))"),

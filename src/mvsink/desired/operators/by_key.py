@@ -7,7 +7,8 @@ the keys a step's change touches, before and after.
   one side meets, or pads, or exists for, only the other side's rows of its key (a null key meets
   none: its rows are padded, or kept by an anti join, by themselves);
 * a window partitioned by expressions, and the per-partition limit Spark puts under
-  ``row_number() ... = 1`` (``WindowGroupLimit``): a partition's rows read only the partition;
+  ``row_number() ... = 1`` (``WindowGroupLimit``, recomputed with the window above it): a
+  partition's rows read only the partition;
 * ``dropDuplicates`` by columns.
 
 With ``K`` the keys of the input changes' rows (both sides', :class:`~.keys.TouchedKeys`) and
@@ -26,10 +27,24 @@ from mvsink.desired.operators.keys import TouchedKeys
 class ByKey(Operator):
     words = "by key"
 
-    def __init__(self, node, children: list[Operator], keys: list[list]):
+    def __init__(self, node, children: list[Operator], keys: list[list], below=None):
         super().__init__(node, children)
         #: Per child, the expressions of its rows' key (of one type and order for every child).
         self.keys = keys
+        #: A node of one child between this one and its child, of the same key, recomputed with
+        #: it (the ``WindowGroupLimit`` under a ``Window``: Spark pushes no filter through it).
+        self.below = below
+
+    def with_children(self, step: Step, children: list):
+        if self.below is not None:
+            children = [self.below.withNewChildren(step.catalyst.seq(children))]
+        return super().with_children(step, children)
+
+    def describe(self) -> str:
+        if self.below is None:
+            return super().describe()
+        (child,) = self.children
+        return f"{self.node.nodeName()} ({self.words})({self.below.nodeName()}({child.describe()}))"
 
     def _change(self, step: Step) -> Change:
         parts = []

@@ -96,15 +96,27 @@ class Catalyst:
         """No row of ``child`` (its attributes)."""
         return self.logical.Filter(self._literals.FalseLiteral(), child)
 
-    def value_in(self, expression, values: list, nulls: bool):
-        """``expression IN (values)`` (Python values, each given as text cast to the expression's
-        type), ``OR expression IS NULL`` if ``nulls``."""
-        data_type = expression.dataType()
-        literals = [self._cast(self._literals.create(str(v), self._string), data_type) for v in values]
-        condition = self.expressions.In(expression, self.seq(literals)) if literals else None
+    def within(self, expression, ranges: list[tuple], nulls: bool):
+        """``expression`` within one of ``ranges`` (``(least, greatest)`` Python values, each given
+        as text cast to the expression's type), ``OR expression IS NULL`` if ``nulls``; None for
+        no range and no null."""
+        data_type, e = expression.dataType(), self.expressions
+        conditions = []
+        for least, greatest in ranges:
+            low = self._cast(self._literals.create(str(least), self._string), data_type)
+            if least == greatest:
+                conditions.append(e.EqualTo(expression, low))
+            else:
+                high = self._cast(self._literals.create(str(greatest), self._string), data_type)
+                conditions.append(e.And(e.GreaterThanOrEqual(expression, low), e.LessThanOrEqual(expression, high)))
         if nulls:
-            is_null = self.expressions.IsNull(expression)
-            condition = is_null if condition is None else self.expressions.Or(condition, is_null)
+            conditions.append(e.IsNull(expression))
+        return self.any_of(conditions) if conditions else None
+
+    def any_of(self, conditions: list):
+        condition = conditions[0]
+        for other in conditions[1:]:
+            condition = self.expressions.Or(condition, other)
         return condition
 
     def _cast(self, expression, data_type):

@@ -3,15 +3,18 @@
 An operator whose rows of one key depend only on its inputs' rows of that key (:mod:`.by_key`)
 recomputes the touched keys' rows; a join's term reads the other side only where the change's
 join keys lie (:mod:`.inner_join`). Both start from :class:`TouchedKeys`: the distinct values of
-some key expressions over some changes' rows, held in Spark (one job). Then:
+some key expressions over some changes' rows (one job where they are few, :data:`LOCAL_MOST`:
+collected; else held in Spark too). Then:
 
 * :meth:`TouchedKeys.restrict` keeps an input's rows whose keys are among them (a semi join by
   null-safe equality: a null key is a key), exactly;
-* where they are few (:data:`PRUNE_MOST`), each key expression is also filtered by its values
-  (``IN``, ``OR IS NULL`` where a key is null): Spark pushes such a filter down to the sources'
-  scans where the expression is a source's column, and Delta skips the files whose statistics
-  cannot hold the values. Only for types whose values are exact as text (integers, strings,
-  dates, decimals); a filter never drops a row the restriction keeps.
+* where they are few (:data:`PRUNE_MOST`), each key expression is also filtered by the ranges
+  its values fall in (at most :data:`MOST_RANGES`, split at the widest gaps between them; ``OR IS
+  NULL`` where a key is null): Spark pushes such a filter down to the sources' scans where the
+  expression is a source's column, and Delta skips the files whose statistics lie outside every
+  range (Delta reads an ``IN`` as the one range from its least value to its greatest: deleted old
+  keys and inserted new ones would span every file). Only for types whose values are exact as
+  text (integers, strings, dates, decimals); a filter never drops a row the restriction keeps.
 """
 
 from __future__ import annotations
@@ -20,26 +23,34 @@ from mvsink.desired.operators.base import Step
 from mvsink.desired.row_wise import conjuncts, references, scala_items
 
 #: The most distinct keys a change may touch for its inputs to be filtered by their values.
-PRUNE_MOST = 1000
+PRUNE_MOST = 100_000
+#: The most keys held in a local relation (collected: no job to hold them), else held in Spark.
+LOCAL_MOST = 1000
+#: The most ranges one key expression is filtered by.
+MOST_RANGES = 16
 #: Key types whose values are filtered by (their text cast back to the type is the value).
 _EXACT_AS_TEXT = frozenset({"byte", "short", "integer", "long", "string", "date", "decimal"})
 
 
 class TouchedKeys:
-    """The distinct values of key expressions over changes' rows (``_k0``, ``_k1``...), held."""
+    """The distinct values of key expressions over changes' rows (``_k0``, ``_k1``...)."""
 
     def __init__(self, step: Step, parts: list[tuple[object, list]]):
         catalyst = self.catalyst = step.catalyst
         projected = [catalyst.project([catalyst.alias(e, f"_k{i}") for i, e in enumerate(exprs)], plan)
                      for plan, exprs in parts]
-        self.rows = catalyst.frame(catalyst.distinct(catalyst.union(projected))).localCheckpoint(eager=True)
-        self._held = catalyst.analyzed(self.rows)
-        values = self.rows.limit(PRUNE_MOST + 1).collect()
+        keys = catalyst.frame(catalyst.distinct(catalyst.union(projected)))
+        values = keys.limit(PRUNE_MOST + 1).toArrow()
         #: Per key column, its values and whether one is null (None: too many to filter by).
         self.columns: list[tuple[list, bool]] | None = None
-        if len(values) <= PRUNE_MOST:
-            self.columns = [([row[i] for row in values if row[i] is not None], any(row[i] is None for row in values))
-                            for i in range(len(parts[0][1]))]
+        if values.num_rows <= PRUNE_MOST:
+            self.columns = [([v for v in column.to_pylist() if v is not None], column.null_count > 0)
+                            for column in values.columns]
+        if values.num_rows <= LOCAL_MOST:  # the keys as a local relation: no more job
+            keys = catalyst.session.createDataFrame(values.to_pylist(), keys.schema)
+        else:
+            keys = keys.localCheckpoint(eager=True)
+        self._held = catalyst.analyzed(keys)
 
     def restrict(self, plan, exprs: list):
         """``plan``'s rows whose ``exprs`` are one of the keys (null-safe), filtered by value too."""
@@ -55,7 +66,7 @@ class TouchedKeys:
         catalyst = self.catalyst
         if not any(values or nulls for values, nulls in self.columns):  # no key: no row
             return catalyst.nothing(plan)
-        conditions = [catalyst.value_in(e, values, nulls) for e, (values, nulls) in zip(exprs, self.columns)
+        conditions = [catalyst.within(e, _ranges(values), nulls) for e, (values, nulls) in zip(exprs, self.columns)
                       if e.dataType().typeName() in _EXACT_AS_TEXT]
         return catalyst.filter(catalyst.all_of(conditions), plan) if conditions else plan
 
@@ -65,6 +76,21 @@ class TouchedKeys:
         if not exprs:
             return plan
         return TouchedKeys(step, parts).filtered(plan, exprs)
+
+
+def _ranges(values: list) -> list[tuple]:
+    """Sorted ``values`` as at most :data:`MOST_RANGES` ranges ``(least, greatest)`` covering them,
+    split at the widest gaps (numbers and dates), else into runs of equal counts (strings)."""
+    values = sorted(set(values))
+    if len(values) <= MOST_RANGES:
+        return [(v, v) for v in values]
+    if isinstance(values[0], str):
+        size = -(-len(values) // MOST_RANGES)
+        return [(values[i], values[min(i + size, len(values)) - 1]) for i in range(0, len(values), size)]
+    measure = (lambda v: v.toordinal()) if hasattr(values[0], "toordinal") else (lambda v: v)
+    gaps = sorted(range(1, len(values)), key=lambda i: measure(values[i]) - measure(values[i - 1]))[-(MOST_RANGES - 1):]
+    starts = [0] + sorted(gaps)
+    return [(values[a], values[b - 1]) for a, b in zip(starts, starts[1:] + [len(values)])]
 
 
 def equi_keys(join) -> tuple[list, list]:

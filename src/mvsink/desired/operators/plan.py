@@ -77,6 +77,9 @@ def _operator(node, names: dict[int, str]) -> Operator:
         raise NotMaintained(f"{_a(name)} (its rows depend on the order of all rows)")
     if name not in ROW_WISE | CONSTANT | KEYED.keys() | {HELD_ROWS, "Union", "Join"}:
         raise NotMaintained(_a(name))
+    if name == "Window" and node.child().nodeName() == "WindowGroupLimit" and _same_keys(node, node.child()):
+        exprs = scala_items(node.partitionSpec())
+        return ByKey(node, [_operator(node.child().child(), names)], [exprs], below=node.child())
     children = [_operator(child, names) for child in scala_items(node.children())]
     if name == HELD_ROWS:
         source = names.get(node.rdd().id())
@@ -99,6 +102,12 @@ def _operator(node, names: dict[int, str]) -> Operator:
         return Whole(node, children, f"{_a(join_type)} Join with no key (no equality of its sides)")
     exprs = scala_items(KEYED[name](node))
     return ByKey(node, children, [exprs]) if exprs else Whole(node, children, f"{_a(name)} with no key (of everything)")
+
+
+def _same_keys(window, limit) -> bool:
+    """Whether a window and the limit under it are partitioned by the same expressions."""
+    keys = [scala_items(node.partitionSpec()) for node in (window, limit)]
+    return len(keys[0]) == len(keys[1]) > 0 and all(a.semanticEquals(b) for a, b in zip(*keys))
 
 
 def _a(name: str) -> str:
