@@ -499,7 +499,7 @@ def _scanned_files(plan) -> list[list[str]]:
 
 def test_refresh_policies_explain_and_the_inner_join_keeping_its_strategy(spark, tmp_path, unchanged_sources,
                                                                             capsys):
-    """``incremental`` takes a key join and still refuses a non-equi outer join (naming it);
+    """``incremental`` takes a key join and still refuses a non-equi outer join on top (naming it);
     ``full`` evaluates it in full; an inner join keeps the join strategy; ``mvsink explain``
     prints the strategy and the keys."""
     from mvsink.replica import cli
@@ -515,9 +515,11 @@ def test_refresh_policies_explain_and_the_inner_join_keeping_its_strategy(spark,
     inner = view("SELECT o.id, c.segment, p.paid FROM orders o JOIN customers c ON o.cust = c.cust "
                  "JOIN payments p ON p.cust = c.cust", "auto").desired
     assert inner.join and inner.per_group is None
-    with pytest.raises(ConfigError, match="refresh incremental.*a LeftOuter Join"):
-        view("SELECT o.id, c.segment, p.paid FROM orders o LEFT JOIN customers c ON o.cust < c.cust, payments p",
-             "incremental")
+    with pytest.raises(ConfigError, match="refresh incremental.*a LeftOuter Join with no key"):
+        view("SELECT o.id, c.segment FROM orders o LEFT JOIN customers c ON o.cust < c.cust", "incremental")
+    # joined with another source, the operators take it (the outer join recomputed whole where it sits)
+    assert "Join (recomputed whole)" in view("SELECT o.id, c.segment, p.paid FROM orders o LEFT JOIN customers c "
+                                             "ON o.cust < c.cust, payments p", "incremental").desired.strategy_description()
     config = tmp_path / "view.yaml"
     config.write_text(f"view_id: v\ntarget: target\nsources: {sources}\n"
                       f"input:\n  kind: snapshot\n  refresh: incremental\n  sql: \"{LEFT} WHERE o.id > 0\"\n")

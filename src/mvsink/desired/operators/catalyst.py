@@ -4,13 +4,15 @@ The operators work on Spark's optimized logical plan of the query over held rows
 ``LogicalRDD`` leaf per source, :data:`~mvsink.desired.row_wise.HELD_ROWS`). A node is evaluated
 over other inputs by giving it other children (``withNewChildren``): its expressions read its
 children's attributes by id, so every plan put under a node must output the attributes of the
-child it replaces, with their ids. A source's rows get them by :func:`aliased`; every other plan
+child it replaces, with their ids. A source's rows get them by :meth:`Catalyst.aliased`; every other plan
 here is built from the node's own children and keeps them.
 
-Invariant: nothing here runs a Spark job; :func:`frame` makes a DataFrame (lazy) of a plan.
+Invariant: nothing here runs a Spark job; :meth:`Catalyst.frame` makes a DataFrame (lazy) of a plan.
 """
 
 from __future__ import annotations
+
+from functools import reduce
 
 from pyspark.sql import DataFrame, SparkSession
 
@@ -33,11 +35,11 @@ class Catalyst:
         self._literals = getattr(getattr(self.expressions, "Literal$"), "MODULE$")
         self._string = getattr(getattr(self._types, "StringType$"), "MODULE$")
 
-    def seq(self, items: list):
+    def seq(self, values: list):
         """A Scala ``Seq`` of JVM objects."""
         java = self._jvm.java.util.ArrayList()
-        for item in items:
-            java.add(item)
+        for value in values:
+            java.add(value)
         return self._jvm.scala.jdk.javaapi.CollectionConverters.asScala(java).toSeq()
 
     def frame(self, plan) -> DataFrame:
@@ -84,10 +86,7 @@ class Catalyst:
         return self.expressions.EqualNullSafe(left, right)
 
     def all_of(self, conditions: list):
-        condition = conditions[0]
-        for other in conditions[1:]:
-            condition = self.expressions.And(condition, other)
-        return condition
+        return reduce(self.expressions.And, conditions)
 
     def filter(self, condition, child):
         return self.logical.Filter(condition, child)
@@ -114,10 +113,7 @@ class Catalyst:
         return self.any_of(conditions) if conditions else None
 
     def any_of(self, conditions: list):
-        condition = conditions[0]
-        for other in conditions[1:]:
-            condition = self.expressions.Or(condition, other)
-        return condition
+        return reduce(self.expressions.Or, conditions)
 
     def _cast(self, expression, data_type):
         if data_type.typeName() == "string":

@@ -24,7 +24,8 @@ from mvsink.desired.row_wise import conjuncts, references, scala_items
 
 #: The most distinct keys a change may touch for its inputs to be filtered by their values.
 PRUNE_MOST = 100_000
-#: The most keys held in a local relation (collected: no job to hold them), else held in Spark.
+#: The most keys held in a local relation (collected: no job to hold them; of the types below,
+#: which Python gives back to Spark as they were), else held in Spark.
 LOCAL_MOST = 1000
 #: The most ranges one key expression is filtered by.
 MOST_RANGES = 16
@@ -46,7 +47,8 @@ class TouchedKeys:
         if values.num_rows <= PRUNE_MOST:
             self.columns = [([v for v in column.to_pylist() if v is not None], column.null_count > 0)
                             for column in values.columns]
-        if values.num_rows <= LOCAL_MOST:  # the keys as a local relation: no more job
+        exact = all(field.dataType.typeName() in _EXACT_AS_TEXT for field in keys.schema.fields)
+        if values.num_rows <= LOCAL_MOST and exact:  # the keys as a local relation: no more job
             keys = catalyst.session.createDataFrame(values.to_pylist(), keys.schema)
         else:
             keys = keys.localCheckpoint(eager=True)

@@ -20,7 +20,8 @@ the same without a key (a null-aware ``NOT IN``,         :mod:`.whole`
 =======================================================  =========================================
 
 Refused (:class:`NotMaintained`, naming what): a non-deterministic expression, a subquery in an
-expression, a limit or sample, any other node, rows not of a source, and a plan whose top is
+expression, a limit or sample, an aggregate whose value depends on its rows' order (``first``,
+``collect_list``: Spark calls them deterministic), any other node, rows not of a source, and a plan whose top is
 recomputed whole (under row-wise nodes at most: evaluating the query in full costs less).
 """
 
@@ -47,6 +48,9 @@ KEYED_JOINS = frozenset({"LeftOuter", "RightOuter", "FullOuter", "LeftSemi", "Le
 KEYED = {"Aggregate": lambda node: node.groupingExpressions(), "Window": lambda node: node.partitionSpec(),
          "WindowGroupLimit": lambda node: node.partitionSpec(), "Deduplicate": lambda node: node.keys()}
 LIMITS = frozenset({"GlobalLimit", "LocalLimit", "Tail", "Offset", "Sample"})
+#: Aggregate functions whose value depends on the order of the group's rows (Spark calls them
+#: deterministic): a group recomputed would differ from the query evaluated again.
+ORDER_DEPENDENT = frozenset({"First", "Last", "AnyValue", "CollectList", "CollectSet"})
 
 
 class NotMaintained(Exception):
@@ -77,6 +81,10 @@ def _operator(node, names: dict[int, str]) -> Operator:
         raise NotMaintained(f"{_a(name)} (its rows depend on the order of all rows)")
     if name not in ROW_WISE | CONSTANT | KEYED.keys() | {HELD_ROWS, "Union", "Join"}:
         raise NotMaintained(_a(name))
+    if name == "Aggregate":
+        found = _order_dependent(node.aggregateExpressions())
+        if found is not None:
+            raise NotMaintained(f"an aggregate whose value depends on the order of its rows ({found})")
     if name == "Window" and node.child().nodeName() == "WindowGroupLimit" and _same_keys(node, node.child()):
         exprs = scala_items(node.partitionSpec())
         return ByKey(node, [_operator(node.child().child(), names)], [exprs], below=node.child())
@@ -102,6 +110,17 @@ def _operator(node, names: dict[int, str]) -> Operator:
         return Whole(node, children, f"{_a(join_type)} Join with no key (no equality of its sides)")
     exprs = scala_items(KEYED[name](node))
     return ByKey(node, children, [exprs]) if exprs else Whole(node, children, f"{_a(name)} with no key (of everything)")
+
+
+def _order_dependent(expressions) -> str | None:
+    """The first of :data:`ORDER_DEPENDENT` among ``expressions`` (a Scala ``Seq``), by name; else None."""
+    pending = scala_items(expressions)
+    while pending:
+        expression = pending.pop()
+        if expression.nodeName() in ORDER_DEPENDENT:
+            return expression.prettyName()
+        pending += scala_items(expression.children())
+    return None
 
 
 def _same_keys(window, limit) -> bool:
