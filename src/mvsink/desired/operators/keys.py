@@ -3,8 +3,8 @@
 An operator whose rows of one key depend only on its inputs' rows of that key (:mod:`.by_key`)
 recomputes the touched keys' rows; a join's term reads the other side only where the change's
 join keys lie (:mod:`.inner_join`). Both start from :class:`TouchedKeys`: the distinct values of
-some key expressions over some changes' rows (one job where they are few, :data:`LOCAL_MOST`:
-collected; else held in Spark too). Then:
+some key expressions over some changes' rows (one job that collects them; a restriction holds them
+in Spark too where they are more than :data:`LOCAL_MOST`). Then:
 
 * :meth:`TouchedKeys.restrict` keeps an input's rows whose keys are among them (a semi join by
   null-safe equality: a null key is a key), exactly;
@@ -47,16 +47,23 @@ class TouchedKeys:
         if values.num_rows <= PRUNE_MOST:
             self.columns = [([v for v in column.to_pylist() if v is not None], column.null_count > 0)
                             for column in values.columns]
-        exact = all(field.dataType.typeName() in _EXACT_AS_TEXT for field in keys.schema.fields)
-        if values.num_rows <= LOCAL_MOST and exact:  # the keys as a local relation: no more job
-            keys = catalyst.session.createDataFrame(values.to_pylist(), keys.schema)
-        else:
-            keys = keys.localCheckpoint(eager=True)
-        self._held = catalyst.analyzed(keys)
+        self._keys, self._values, self._held = keys, values, None
+
+    def _held_plan(self):
+        """The keys held, on first use: a local relation where they are few and of exact types (no
+        more job), else in Spark."""
+        if self._held is None:
+            keys, exact = self._keys, all(f.dataType.typeName() in _EXACT_AS_TEXT for f in self._keys.schema.fields)
+            if self._values.num_rows <= LOCAL_MOST and exact:
+                keys = self.catalyst.session.createDataFrame(self._values.to_pylist(), keys.schema)
+            else:
+                keys = keys.localCheckpoint(eager=True)
+            self._held = self.catalyst.analyzed(keys)
+        return self._held
 
     def restrict(self, plan, exprs: list):
         """``plan``'s rows whose ``exprs`` are one of the keys (null-safe), filtered by value too."""
-        keys = self._held.newInstance()  # attributes of its own each time it is read
+        keys = self._held_plan().newInstance()  # attributes of its own each time it is read
         catalyst = self.catalyst
         condition = catalyst.all_of([catalyst.null_safe_equal(e, k) for e, k in zip(exprs, scala_items(keys.output()))])
         return catalyst.semi_join(self.filtered(plan, exprs), keys, condition)
