@@ -273,7 +273,8 @@ class SnapshotDesired(Desired):
                 self._operators = operators(query_over_held, read_held)
             except NotMaintained as exc:
                 self._operators_refused = str(exc)
-        self._catalyst: Catalyst | None = None
+        #: The plan constructors of the view's session, where the operators maintain the query.
+        self._catalyst = Catalyst(self.session()) if self._operators is not None else None
         self._apply_refresh_policy()
         weighed = self.input.refresh == "auto" and self._maintained and not self.row_wise
         #: Under ``auto``, whether a step of a maintained query evaluates it in full instead (None: no choice).
@@ -859,8 +860,6 @@ class SnapshotDesired(Desired):
         self._pinned_reads = {key: rows for key, rows in self._pinned_reads.items() if key[1] >= before[key[0]]}
         feeds = {name: self._feed(times, name)[0].localCheckpoint(eager=True)
                  for name in self._operators.sources if after[name] != before[name]}
-        if self._catalyst is None:
-            self._catalyst = Catalyst(self.session())
         found = time_changes(self._operators, self._catalyst, times, self.versions, self._pinned, feeds)
         parts = [self._as_updates(rows, time, diff) for time, plus, minus in found
                  for rows, diff in ((plus, 1), (minus, -1))]
