@@ -15,8 +15,8 @@ maintained: the rules compose, none knows the shape above or below it.
 
 Invariants: every plan an operator returns outputs its node's attributes (by id), so its
 parent's expressions read it as they read the node; values and changes are plans (lazy), built
-once per step and operator (:class:`Step` keeps them), and only :mod:`.keys` runs Spark jobs
-(the keys a change touches, held).
+once per step and operator (:class:`Step` keeps them), and only :mod:`.keys` (the keys a change
+touches, held) and :mod:`.scalars` (a scalar subquery's value) run Spark jobs.
 """
 
 from __future__ import annotations

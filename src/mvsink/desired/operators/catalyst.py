@@ -34,6 +34,8 @@ class Catalyst:
         self._nil = self.seq([])
         self._literals = getattr(getattr(self.expressions, "Literal$"), "MODULE$")
         self._string = getattr(getattr(self._types, "StringType$"), "MODULE$")
+        trees = jvm.org.apache.spark.sql.catalyst.trees
+        self._plan_expression = getattr(getattr(trees, "TreePattern$"), "MODULE$").PLAN_EXPRESSION()
 
     def seq(self, values: list):
         """A Scala ``Seq`` of JVM objects."""
@@ -111,6 +113,23 @@ class Catalyst:
         if nulls:
             conditions.append(e.IsNull(expression))
         return self.any_of(conditions) if conditions else None
+
+    def literal(self, value, data_type):
+        """A constant of ``data_type`` (a Catalyst type) holding the Python ``value`` (as PySpark
+        gives it back: None, int, Decimal, date, ...), by PySpark's own conversion."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import _parse_datatype_json_string
+
+        typed = F.lit(value).cast(_parse_datatype_json_string(data_type.json()))
+        return self.analyzed(self.session.range(1).select(typed.alias("value"))).projectList().head().child()
+
+    def replaced(self, expression, by_id: dict):
+        """``expression`` with each subquery whose ``exprId`` is a key of ``by_id`` replaced by its value."""
+        if expression.nodeName() == "ScalarSubquery" and expression.exprId().id() in by_id:
+            return by_id[expression.exprId().id()]
+        if not expression.containsPattern(self._plan_expression):
+            return expression
+        return expression.withNewChildren(self.seq([self.replaced(c, by_id) for c in items(expression.children())]))
 
     def any_of(self, conditions: list):
         return reduce(self.expressions.Or, conditions)

@@ -10,6 +10,7 @@ node                                                     rule
 a source's held rows; ``VALUES``, ``range``              :mod:`.source`
 ``Project``, ``Filter``, ``Expand``, ``Generate``,       :mod:`.row_wise`
 ``Sort``, repartitions
+``Filter``, ``Project`` reading scalar subqueries        :mod:`.scalars`
 ``Union`` (``UNION ALL``)                                :mod:`.union`
 inner and cross ``Join``                                 :mod:`.inner_join`
 ``Aggregate`` with ``GROUP BY``; outer, semi and anti    :mod:`.by_key`
@@ -19,9 +20,10 @@ the same without a key (a null-aware ``NOT IN``,         :mod:`.whole`
 ``EXISTS`` under ``OR``, an aggregate of everything)
 =======================================================  =========================================
 
-Refused (:class:`NotMaintained`, naming what): a non-deterministic expression, a subquery in an
-expression, a limit or sample, an aggregate whose value depends on its rows' order (``first``,
-``collect_list``: Spark calls them deterministic), any other node, rows not of a source, and a plan whose top is
+Refused (:class:`NotMaintained`, naming what): a non-deterministic expression, a subquery Spark
+left in an expression other than an uncorrelated scalar one of a filter or projection, a limit or
+sample, an aggregate whose value depends on its rows' order (``first``, ``collect_list``: Spark
+calls them deterministic), any other node, rows not of a source, and a plan whose top is
 recomputed whole (under row-wise nodes at most: evaluating the query in full costs less).
 """
 
@@ -35,10 +37,11 @@ from mvsink.desired.operators.by_key import ByKey
 from mvsink.desired.operators.inner_join import InnerJoin
 from mvsink.desired.operators.keys import equi_keys
 from mvsink.desired.operators.row_wise import RowWise
+from mvsink.desired.operators.scalars import OverScalars, Scalar
 from mvsink.desired.operators.source import Constant, Source
 from mvsink.desired.operators.union import UnionAll
 from mvsink.desired.operators.whole import Whole
-from mvsink.desired.row_wise import HELD_ROWS, plan_reads_subqueries, scala_items
+from mvsink.desired.row_wise import HELD_ROWS, RUNTIME_FILTERS, conjuncts, scala_items
 
 ROW_WISE = frozenset({"Project", "Filter", "Expand", "Generate", "Sort", "RepartitionByExpression",
                       "Repartition", "RebalancePartitions"})
@@ -63,20 +66,23 @@ def operators(query_over_held: DataFrame, held: dict[str, DataFrame]) -> Operato
     plan = query_over_held._jdf.queryExecution().optimizedPlan()
     if not plan.deterministic():
         raise NotMaintained("a non-deterministic expression")
-    if plan_reads_subqueries(query_over_held, plan):
-        raise NotMaintained("a subquery in an expression")
-    root = _operator(plan, held_names(held))
+    trees = query_over_held.sparkSession._jvm.org.apache.spark.sql.catalyst.trees
+    root = _operator(plan, held_names(held), getattr(getattr(trees, "TreePattern$"), "MODULE$").PLAN_EXPRESSION())
     top = root
-    while isinstance(top, RowWise):
+    while isinstance(top, RowWise) and not isinstance(top, OverScalars):
         (top,) = top.children
     if isinstance(top, Whole):
         raise NotMaintained(f"{top.why} at its top, which would be recomputed whole")
     return root
 
 
-def _operator(node, names: dict[int, str]) -> Operator:
-    """The operator of ``node`` over its children's (a node's refusal named before its children's)."""
+def _operator(node, names: dict[int, str], subquery) -> Operator:
+    """The operator of ``node`` over its children's (a node's refusal named before its children's);
+    ``subquery`` is Catalyst's pattern of an expression holding a plan."""
     name = node.nodeName()
+    scalars = [Scalar(e, _operator(e.plan(), names, subquery)) for e in _subqueries(node, subquery)]
+    if scalars and name not in ("Filter", "Project"):
+        raise NotMaintained(f"a subquery in an expression of {_a(name)}")
     if name in LIMITS:
         raise NotMaintained(f"{_a(name)} (its rows depend on the order of all rows)")
     if name not in ROW_WISE | CONSTANT | KEYED.keys() | {HELD_ROWS, "Union", "Join"}:
@@ -87,8 +93,8 @@ def _operator(node, names: dict[int, str]) -> Operator:
             raise NotMaintained(f"an aggregate whose value depends on the order of its rows ({found})")
     if name == "Window" and node.child().nodeName() == "WindowGroupLimit" and _same_keys(node, node.child()):
         exprs = scala_items(node.partitionSpec())
-        return ByKey(node, [_operator(node.child().child(), names)], [exprs], below=node.child())
-    children = [_operator(child, names) for child in scala_items(node.children())]
+        return ByKey(node, [_operator(node.child().child(), names, subquery)], [exprs], below=node.child())
+    children = [_operator(child, names, subquery) for child in scala_items(node.children())]
     if name == HELD_ROWS:
         source = names.get(node.rdd().id())
         if source is None:
@@ -96,6 +102,8 @@ def _operator(node, names: dict[int, str]) -> Operator:
         return Source(node, source)
     if name in CONSTANT:
         return Constant(node, children)
+    if scalars:
+        return OverScalars(node, children, scalars)
     if name in ROW_WISE:
         return RowWise(node, children)
     if name == "Union":
@@ -110,6 +118,26 @@ def _operator(node, names: dict[int, str]) -> Operator:
         return Whole(node, children, f"{_a(join_type)} Join with no key (no equality of its sides)")
     exprs = scala_items(KEYED[name](node))
     return ByKey(node, children, [exprs]) if exprs else Whole(node, children, f"{_a(name)} with no key (of everything)")
+
+
+def _subqueries(node, subquery) -> list:
+    """The uncorrelated scalar subqueries of ``node``'s expressions, outermost first (not those of a
+    filter the optimizer added, :data:`~mvsink.desired.row_wise.RUNTIME_FILTERS`); raises
+    :class:`NotMaintained` for any other subquery."""
+    expressions = (conjuncts(node.condition()) if node.nodeName() == "Filter" else scala_items(node.expressions()))
+    pending = [e for e in expressions if e.nodeName() not in RUNTIME_FILTERS and e.containsPattern(subquery)]
+    found = []
+    while pending:
+        expression = pending.pop(0)
+        if expression.nodeName() == "ScalarSubquery":
+            if not expression.outerAttrs().isEmpty():
+                raise NotMaintained("a correlated subquery Spark does not rewrite into a join")
+            found.append(expression)
+        elif expression.nodeName() in ("Exists", "InSubquery", "ListQuery", "LateralSubquery"):
+            raise NotMaintained(f"{_a(expression.nodeName())} subquery Spark does not rewrite into a join")
+        else:
+            pending += [c for c in scala_items(expression.children()) if c.containsPattern(subquery)]
+    return found
 
 
 def _order_dependent(expressions) -> str | None:
