@@ -25,6 +25,8 @@ from test_engine_defects import ANTI_JOINS, CUSTOMER, ORDERS
 FAMILIES_SEED = 31
 #: test_engine_defects' anti-join forms run by the operators alone: the issue's two, and a rollup of one.
 ANTI_FORMS = ("v", "plain", "rollup")
+#: Each order with its row number among its customer's, latest first.
+LATEST = "SELECT *, row_number() OVER (PARTITION BY o_custkey ORDER BY o_orderkey DESC) AS rn FROM orders"
 
 
 @pytest.fixture
@@ -87,16 +89,45 @@ def test_the_planner_names_what_no_operator_maintains(spark, tables, operators_a
     assert "evaluated in full" in _view(spark, base, sources, "refused", sql, "auto").desired.strategy_description()
 
 
-def test_a_dedup_is_maintained_by_its_window(spark, tmp_path, strategies):
-    """The latest order per customer (``row_number() ... = 1``): each step recomputes the
-    partitions of the customers whose orders changed, and the view equals the query at every time."""
+@pytest.mark.parametrize("sql, distinct", [
+    ("SELECT o_custkey, count(*) AS n FROM orders GROUP BY o_custkey", [{"o_custkey"}]),
+    ("SELECT DISTINCT o_custkey, o_shippriority FROM orders WHERE o_orderkey > 3", [{"o_custkey", "o_shippriority"}]),
+    (f"SELECT o_custkey, o_orderkey FROM ({LATEST}) WHERE rn = 1", [{"o_custkey"}]),
+    (f"SELECT o_custkey, o_orderkey FROM ({LATEST}) WHERE rn <= 2", []),
+    (f"SELECT o_orderkey FROM ({LATEST}) WHERE rn = 1", []),
+    ("SELECT c_custkey, o_orderkey FROM customer JOIN orders ON c_custkey = o_custkey", []),
+], ids=["grouped", "distinct", "dedup", "two-per-key", "key-not-output", "join"])
+def test_the_columns_no_two_rows_share(spark, tables, sql, distinct):
+    """A plan's distinct keys: Spark's (groupings, ``DISTINCT``) and a ``row_number() = 1``
+    filter's partition, only where the query outputs them."""
+    from mvsink.desired.operators.distinct import distinct_keys
+
+    base, sources = tables
+    session = spark.newSession()
+    for name, path in sources.items():
+        session.read.format("delta").load(path).createOrReplaceTempView(name)
+    assert [set(keys) for keys in distinct_keys(session.sql(sql))] == distinct
+
+
+def test_a_dedup_is_maintained_by_its_window(spark, tmp_path, strategies, monkeypatch):
+    """The latest order per customer (``row_number() ... = 1``), keyed by the customer: each step
+    recomputes the partitions of the customers whose orders changed, and the view equals the query
+    (a null customer an error) at every time. Its plan has one row per customer: once hydrated,
+    no step runs the key check, though customers appear and go."""
+    from mvsink.desired.key_check import KeyErrors
+
+    checks = []
+    corrections = KeyErrors.corrections
+    monkeypatch.setattr(KeyErrors, "corrections", lambda self, *args: checks.append(args) or corrections(self, *args))
     sources = {"orders": str(tmp_path / "orders")}
     create_source(spark, sources["orders"], ORDERS + [(20, 1, 3), (21, None, 1)],
                   "o_orderkey BIGINT, o_custkey BIGINT, o_shippriority INT")
     sql = ("SELECT o_custkey, o_orderkey, o_shippriority FROM (SELECT *, row_number() OVER (PARTITION BY o_custkey "
            "ORDER BY o_shippriority DESC, o_orderkey) AS rn FROM orders) WHERE rn = 1")
     view = MaterializedView(spark, ViewDefinition("v", str(tmp_path / "v"), SnapshotInput(sql=sql, refresh="incremental"),
-                                                  sources=sources, replica_id="r1"))
+                                                  sources=sources, replica_id="r1", key=("o_custkey",)))
+    view.run_until_caught_up()
+    hydrated = len(checks)
     orders = sources["orders"]
     for commit in [f"UPDATE delta.`{orders}` SET o_shippriority = 9 WHERE o_orderkey = 10",
                    f"DELETE FROM delta.`{orders}` WHERE o_orderkey IN (20, 12)",
@@ -108,8 +139,9 @@ def test_a_dedup_is_maintained_by_its_window(spark, tmp_path, strategies):
             spark.sql(commit)
         view.run_until_caught_up()
     query_results_at_every_time(spark, sources, sql, {"v": str(tmp_path / "v")}, str(tmp_path / "v") + "_timeline",
-                                view.observed_upper)
+                                view.observed_upper, key=("o_custkey",))
     assert set(strategies) == {"operators"}, strategies
+    assert view.desired._key_distinct and len(checks) == hydrated, checks
 
 
 #: Scalar subqueries (uncorrelated): TPC-H Q22's form (a customer's column against an average of

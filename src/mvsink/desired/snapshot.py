@@ -101,6 +101,7 @@ from mvsink.desired.row_wise import HELD_ROWS, TABLE_SCAN, is_row_wise, passed_t
 from mvsink.desired.occurrences import Reads, split_reads
 from mvsink.desired.operators import NotMaintained, Operator, operators, time_changes
 from mvsink.desired.operators.catalyst import Catalyst
+from mvsink.desired.operators.distinct import distinct_keys
 from mvsink.desired.sources import Desired
 from mvsink.table import spark_uri
 from mvsink.timeline import Timeline
@@ -608,6 +609,9 @@ class SnapshotDesired(Desired):
         if self.input.sql is not None and _has_scalar_subquery(result):
             # before any of the view's plans is optimized: all are optimized alike
             _exclude_rules(self.session(), _UNION_PUSHDOWN_RULES)
+        #: Whether the query's plan has no two rows of the view's key at any time (a grouping or a
+        #: dedup by key columns, :mod:`~mvsink.desired.operators.distinct`).
+        self._key_distinct = bool(self.view.key) and any(keys <= set(self.view.key) for keys in distinct_keys(result))
         read = _delta_tables(result)
         self.read = tuple(name for name, frame in rows.items() if _delta_tables(frame, analyzed=True) & read)
         self.row_wise = len(self.read) == 1 and is_row_wise(result, TABLE_SCAN)
@@ -756,7 +760,7 @@ class SnapshotDesired(Desired):
             else:
                 if self.auto is not None:
                     self.auto.observed(False, monotonic() - started - self._setup_seconds, len(times))
-                return changes
+                return self._keys_distinct(changes)
         if fallback is None:
             fallback = self._full_reason
         if fallback.kind in ("unreadable", "change share"):
@@ -766,7 +770,12 @@ class SnapshotDesired(Desired):
         changes = replace(changes, strategy="full evaluation", change_share=share, fallback=fallback)
         if self.auto is not None:
             self.auto.observed(True, monotonic() - started, evaluations)
-        return changes
+        return self._keys_distinct(changes)
+
+    def _keys_distinct(self, changes: Changes) -> Changes:
+        """``changes`` with no key count changing where the query's plan has no two rows of one
+        key (:attr:`_key_distinct`): no key violation can start or end, no key check runs."""
+        return replace(changes, key_counts_change=False) if self._key_distinct and changes.key_counts_change else changes
 
     def _failed(self, exc: Exception, lo: int, hi: int) -> Fallback:
         """Why times ``lo``..``hi``, whose maintained step raised ``exc``, are evaluated in full:
