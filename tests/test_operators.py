@@ -224,7 +224,7 @@ def test_the_anti_joins_by_the_operators_alone(spark, tmp_path, operators_alone,
 def test_every_family_by_the_operators_alone(spark, tmp_path, operators_alone):
     """One random view of each family, two of them with a late replica, through three times of
     random commits: each equals the full evaluation at every time, maintained by the operators
-    where they take it (the rest, a scalar subquery or a global aggregate on top, in full)."""
+    where they take it (the rest, such as a global aggregate on top, in full)."""
     case = random_case(FAMILIES_SEED, families=tuple(FAMILIES), times=3, late=2)
     outcome = Runner(spark, tmp_path).run(case)
     assert not outcome.failures, "\n\n".join(reproduction(case, f) for f in outcome.failures)
