@@ -181,17 +181,12 @@ def test_scalar_subqueries_by_their_values(spark, tmp_path, operators_alone, mon
     views = {name: _view(spark, tmp_path, sources, name, sql) for name, sql in SCALARS.items()}
     assert "Filter (row-wise while its scalar subquery keeps its value: " in views["q22"].desired.strategy_description()
     orders, customer = sources["orders"], sources["customer"]
-    for commit in [f"DELETE FROM delta.`{orders}` WHERE o_orderkey IN (13, 15)",
-                   f"UPDATE delta.`{customer}` SET c_nationkey = 1 WHERE c_custkey = 5",
-                   f"UPDATE delta.`{orders}` SET o_shippriority = 9, o_custkey = 2 WHERE o_orderkey = 16",
-                   f"INSERT INTO delta.`{orders}` VALUES (18, 4, 1), (19, 7, 2), (20, 8, 3)",
-                   f"DELETE FROM delta.`{customer}` WHERE c_nationkey = 1"]:
-        spark.sql(commit)
-        for view in views.values():
-            view.run_until_caught_up()
-    for name, view in views.items():
-        query_results_at_every_time(spark, sources, SCALARS[name], {name: str(tmp_path / name)},
-                                    str(tmp_path / name) + "_timeline", view.observed_upper)
+    _equal_through(spark, tmp_path, sources, views, SCALARS, [
+        f"DELETE FROM delta.`{orders}` WHERE o_orderkey IN (13, 15)",
+        f"UPDATE delta.`{customer}` SET c_nationkey = 1 WHERE c_custkey = 5",
+        f"UPDATE delta.`{orders}` SET o_shippriority = 9, o_custkey = 2 WHERE o_orderkey = 16",
+        f"INSERT INTO delta.`{orders}` VALUES (18, 4, 1), (19, 7, 2), (20, 8, 3)",
+        f"DELETE FROM delta.`{customer}` WHERE c_nationkey = 1"])
     assert all(view.desired._operators is not None for view in views.values())
     assert set(ways) == {True, False}, ways  # only the operators' steps call the rule
 
@@ -208,17 +203,24 @@ def test_the_anti_joins_by_the_operators_alone(spark, tmp_path, operators_alone,
     create_source(spark, sources["orders"], ORDERS, "o_orderkey BIGINT, o_custkey BIGINT, o_shippriority INT")
     views = {name: _view(spark, tmp_path, sources, name, ANTI_JOINS[name]) for name in ANTI_FORMS}
     orders = sources["orders"]
-    for commit in [f"UPDATE delta.`{orders}` SET o_shippriority = o_shippriority + 1 WHERE o_orderkey IN (10, 11, 14)",
-                   f"DELETE FROM delta.`{orders}` WHERE o_orderkey IN (12, 13)",
-                   f"UPDATE delta.`{sources['customer']}` SET c_nationkey = 3 WHERE c_custkey = 2",
-                   f"DELETE FROM delta.`{orders}`"]:
+    _equal_through(spark, tmp_path, sources, views, ANTI_JOINS, [
+        f"UPDATE delta.`{orders}` SET o_shippriority = o_shippriority + 1 WHERE o_orderkey IN (10, 11, 14)",
+        f"DELETE FROM delta.`{orders}` WHERE o_orderkey IN (12, 13)",
+        f"UPDATE delta.`{sources['customer']}` SET c_nationkey = 3 WHERE c_custkey = 2",
+        f"DELETE FROM delta.`{orders}`"])
+    assert set(strategies) == {"operators"}, strategies
+
+
+def _equal_through(spark, base, sources, views: dict, sqls: dict, commits: list[str]) -> None:
+    """Each of ``commits``, every view caught up after it; then each view (by name) equals its
+    query of ``sqls`` at every time."""
+    for commit in commits:
         spark.sql(commit)
         for view in views.values():
             view.run_until_caught_up()
     for name, view in views.items():
-        query_results_at_every_time(spark, sources, ANTI_JOINS[name], {name: str(tmp_path / name)},
-                                    str(tmp_path / name) + "_timeline", view.observed_upper)
-    assert set(strategies) == {"operators"}, strategies
+        query_results_at_every_time(spark, sources, sqls[name], {name: str(base / name)},
+                                    str(base / name) + "_timeline", view.observed_upper)
 
 
 def test_every_family_by_the_operators_alone(spark, tmp_path, operators_alone):
