@@ -869,7 +869,8 @@ class SnapshotDesired(Desired):
         self._pinned_reads = {key: rows for key, rows in self._pinned_reads.items() if key[1] >= before[key[0]]}
         feeds = {name: self._feed(times, name)[0].localCheckpoint(eager=True)
                  for name in self._operators.sources if after[name] != before[name]}
-        found = time_changes(self._operators, self._catalyst, times, self.versions, self._pinned, feeds)
+        found, setup = time_changes(self._operators, self._catalyst, times, self.versions, self._pinned, feeds)
+        self._setup_seconds += setup
         parts = [self._as_updates(rows, time, diff) for time, plus, minus in found
                  for rows, diff in ((plus, 1), (minus, -1))]
         updates = self._finish(reduce(DataFrame.unionByName, parts)) if parts else self._no_updates()

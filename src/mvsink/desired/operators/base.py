@@ -51,6 +51,9 @@ class Step:
     source_change: Callable[[str], tuple[object, object]]
     #: Per operator and what of it (a side's value, its change), the plan built.
     built: dict[tuple[int, str], object] = field(default_factory=dict)
+    #: Seconds spent holding state from a whole input (a first step's), shared by a step's times:
+    #: the refresh policy weighs a step without them.
+    setup: list[float] = field(default_factory=lambda: [0.0])
 
     @property
     def moved(self) -> frozenset[str]:

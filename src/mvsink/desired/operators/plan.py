@@ -13,6 +13,7 @@ a source's held rows; ``VALUES``, ``range``              :mod:`.source`
 ``Filter``, ``Project`` reading scalar subqueries        :mod:`.scalars`
 ``Union`` (``UNION ALL``)                                :mod:`.union`
 inner and cross ``Join``                                 :mod:`.inner_join`
+``Aggregate`` of ``count``, ``sum``, ``avg`` (exact)     :mod:`.linear`
 ``Aggregate`` with ``GROUP BY``; outer, semi and anti    :mod:`.by_key`
 ``Join`` with an equality; ``Window``,
 ``WindowGroupLimit`` partitioned; ``Deduplicate``
@@ -32,10 +33,13 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 
 from mvsink.desired.join import held_names
+from mvsink.desired.linear_aggregate import aggregate_shape
 from mvsink.desired.operators.base import Operator
 from mvsink.desired.operators.by_key import ByKey
 from mvsink.desired.operators.inner_join import InnerJoin
+from mvsink.desired.operators.catalyst import Catalyst
 from mvsink.desired.operators.keys import equi_keys
+from mvsink.desired.operators.linear import HeldAggregate
 from mvsink.desired.operators.row_wise import RowWise
 from mvsink.desired.operators.scalars import OverScalars, Scalar
 from mvsink.desired.operators.source import Constant, Source
@@ -67,7 +71,8 @@ def operators(query_over_held: DataFrame, held: dict[str, DataFrame]) -> Operato
     if not plan.deterministic():
         raise NotMaintained("a non-deterministic expression")
     trees = query_over_held.sparkSession._jvm.org.apache.spark.sql.catalyst.trees
-    root = _operator(plan, held_names(held), getattr(getattr(trees, "TreePattern$"), "MODULE$").PLAN_EXPRESSION())
+    subquery = getattr(getattr(trees, "TreePattern$"), "MODULE$").PLAN_EXPRESSION()
+    root = _operator(plan, held_names(held), subquery, Catalyst(query_over_held.sparkSession))
     top = root
     while isinstance(top, RowWise) and not isinstance(top, OverScalars):
         (top,) = top.children
@@ -76,11 +81,11 @@ def operators(query_over_held: DataFrame, held: dict[str, DataFrame]) -> Operato
     return root
 
 
-def _operator(node, names: dict[int, str], subquery) -> Operator:
+def _operator(node, names: dict[int, str], subquery, catalyst: Catalyst) -> Operator:
     """The operator of ``node`` over its children's (a node's refusal named before its children's);
     ``subquery`` is Catalyst's pattern of an expression holding a plan."""
     name = node.nodeName()
-    scalars = [Scalar(e, _operator(e.plan(), names, subquery)) for e in _subqueries(node, subquery)]
+    scalars = [Scalar(e, _operator(e.plan(), names, subquery, catalyst)) for e in _subqueries(node, subquery)]
     if scalars and name not in ("Filter", "Project"):
         raise NotMaintained(f"a subquery in an expression of {_a(name)}")
     if name in LIMITS:
@@ -93,8 +98,8 @@ def _operator(node, names: dict[int, str], subquery) -> Operator:
             raise NotMaintained(f"an aggregate whose value depends on the order of its rows ({found})")
     if name == "Window" and node.child().nodeName() == "WindowGroupLimit" and _same_keys(node, node.child()):
         exprs = scala_items(node.partitionSpec())
-        return ByKey(node, [_operator(node.child().child(), names, subquery)], [exprs], below=node.child())
-    children = [_operator(child, names, subquery) for child in scala_items(node.children())]
+        return ByKey(node, [_operator(node.child().child(), names, subquery, catalyst)], [exprs], below=node.child())
+    children = [_operator(child, names, subquery, catalyst) for child in scala_items(node.children())]
     if name == HELD_ROWS:
         source = names.get(node.rdd().id())
         if source is None:
@@ -116,6 +121,11 @@ def _operator(node, names: dict[int, str], subquery) -> Operator:
         if left and join_type in KEYED_JOINS:
             return ByKey(node, children, [left, right])
         return Whole(node, children, f"{_a(join_type)} Join with no key (no equality of its sides)")
+    if name == "Aggregate":
+        rows = catalyst.frame(node)
+        shape = aggregate_shape(rows)
+        if shape is not None and len(set(rows.columns)) == len(rows.columns):
+            return HeldAggregate(node, children, shape, rows.schema)
     exprs = scala_items(KEYED[name](node))
     return ByKey(node, children, [exprs]) if exprs else Whole(node, children, f"{_a(name)} with no key (of everything)")
 

@@ -20,17 +20,18 @@ from mvsink.updates import DIFF, TIME
 
 def time_changes(root: Operator, catalyst: Catalyst, times: list[int], versions: Callable[[int], dict[str, int]],
                  read: Callable[[str, int], DataFrame], feeds: dict[str, DataFrame]
-                 ) -> list[tuple[int, DataFrame, DataFrame]]:
+                 ) -> tuple[list[tuple[int, DataFrame, DataFrame]], float]:
     """Per time of ``times`` whose change is not nothing, the query's rows added and removed
-    (lazy); ``feeds`` holds the changes of every source read whose version moves."""
-    found = []
+    (lazy); ``feeds`` holds the changes of every source read whose version moves. And the
+    seconds spent holding state from whole inputs (:attr:`~.base.Step.setup`)."""
+    found, setup = [], [0.0]
     for time in times:
         step = Step(catalyst, versions(time - 1), versions(time), read,
-                    lambda name, time=time: (_side(feeds[name], time, 1), _side(feeds[name], time, -1)))
+                    lambda name, time=time: (_side(feeds[name], time, 1), _side(feeds[name], time, -1)), setup=setup)
         change = root.change(step)
         if change is not None:
             found.append((time, catalyst.frame(change.plus), catalyst.frame(change.minus)))
-    return found
+    return found, setup[0]
 
 
 def _side(feed: DataFrame, time: int, sign: int) -> DataFrame:
