@@ -35,7 +35,7 @@ class Catalyst:
         self._literals = getattr(getattr(self.expressions, "Literal$"), "MODULE$")
         self._string = getattr(getattr(self._types, "StringType$"), "MODULE$")
         trees = jvm.org.apache.spark.sql.catalyst.trees
-        self._plan_expression = getattr(getattr(trees, "TreePattern$"), "MODULE$").PLAN_EXPRESSION()
+        self.plan_expression = getattr(getattr(trees, "TreePattern$"), "MODULE$").PLAN_EXPRESSION()
 
     def seq(self, values: list):
         """A Scala ``Seq`` of JVM objects."""
@@ -127,7 +127,7 @@ class Catalyst:
         """``expression`` with each subquery whose ``exprId`` is a key of ``by_id`` replaced by its value."""
         if expression.nodeName() == "ScalarSubquery" and expression.exprId().id() in by_id:
             return by_id[expression.exprId().id()]
-        if not expression.containsPattern(self._plan_expression):
+        if not expression.containsPattern(self.plan_expression):
             return expression
         return expression.withNewChildren(self.seq([self.replaced(c, by_id) for c in items(expression.children())]))
 

@@ -70,9 +70,7 @@ def operators(query_over_held: DataFrame, held: dict[str, DataFrame]) -> Operato
     plan = query_over_held._jdf.queryExecution().optimizedPlan()
     if not plan.deterministic():
         raise NotMaintained("a non-deterministic expression")
-    trees = query_over_held.sparkSession._jvm.org.apache.spark.sql.catalyst.trees
-    subquery = getattr(getattr(trees, "TreePattern$"), "MODULE$").PLAN_EXPRESSION()
-    root = _operator(plan, held_names(held), subquery, Catalyst(query_over_held.sparkSession))
+    root = _operator(plan, held_names(held), Catalyst(query_over_held.sparkSession))
     top = root
     while isinstance(top, RowWise) and not isinstance(top, OverScalars):
         (top,) = top.children
@@ -81,11 +79,10 @@ def operators(query_over_held: DataFrame, held: dict[str, DataFrame]) -> Operato
     return root
 
 
-def _operator(node, names: dict[int, str], subquery, catalyst: Catalyst) -> Operator:
-    """The operator of ``node`` over its children's (a node's refusal named before its children's);
-    ``subquery`` is Catalyst's pattern of an expression holding a plan."""
+def _operator(node, names: dict[int, str], catalyst: Catalyst) -> Operator:
+    """The operator of ``node`` over its children's (a node's refusal named before its children's)."""
     name = node.nodeName()
-    scalars = [Scalar(e, _operator(e.plan(), names, subquery, catalyst)) for e in _subqueries(node, subquery)]
+    scalars = [Scalar(e, _operator(e.plan(), names, catalyst)) for e in _subqueries(node, catalyst.plan_expression)]
     if scalars and name not in ("Filter", "Project"):
         raise NotMaintained(f"a subquery in an expression of {_a(name)}")
     if name in LIMITS:
@@ -98,8 +95,8 @@ def _operator(node, names: dict[int, str], subquery, catalyst: Catalyst) -> Oper
             raise NotMaintained(f"an aggregate whose value depends on the order of its rows ({found})")
     if name == "Window" and node.child().nodeName() == "WindowGroupLimit" and _same_keys(node, node.child()):
         exprs = scala_items(node.partitionSpec())
-        return ByKey(node, [_operator(node.child().child(), names, subquery, catalyst)], [exprs], below=node.child())
-    children = [_operator(child, names, subquery, catalyst) for child in scala_items(node.children())]
+        return ByKey(node, [_operator(node.child().child(), names, catalyst)], [exprs], below=node.child())
+    children = [_operator(child, names, catalyst) for child in scala_items(node.children())]
     if name == HELD_ROWS:
         source = names.get(node.rdd().id())
         if source is None:
