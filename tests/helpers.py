@@ -1110,4 +1110,3 @@ def maintained_against_the_query(spark, tmp_path, sources: dict[str, str], sql: 
     target = str(tmp_path / "maintained")
     query_results_at_every_time(spark, sources, sql, {"maintained": target}, target + "_timeline", upper, key)
     return view
-
